@@ -1,0 +1,51 @@
+# Baton: `make serve` starts the local stack, `make test` runs the tests.
+# Both install everything first: Debian packages, .venv, the default model.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+EXTRAS ?= cpu
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.baton-installed-$(EXTRAS)
+APT_PKGS := libibverbs1 librdmacm1 libnuma1 redis-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install sysdeps venv model serve test test-unit test-e2e down status clean
+
+install: sysdeps $(STAMP) model
+
+sysdeps:
+	@echo "==> [1/3] system packages: $(APT_PKGS)"
+	@if dpkg -s $(APT_PKGS) >/dev/null 2>&1; then echo "    already installed"; else \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PKGS); fi
+
+$(STAMP): pyproject.toml
+	@echo "==> [2/3] python environment in $(VENV) (extras: $(EXTRAS)); first run takes a few minutes"
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --progress-bar on -q -U pip
+	$(BIN)/pip install --progress-bar on -e '.[$(EXTRAS),test]'
+	@# torchvision & co. break `import transformers` next to the CPU torch; text models never need them.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	@touch $@
+
+model: $(STAMP)
+	@echo "==> [3/3] default model"
+	@$(BIN)/baton model
+
+serve: install
+	$(BIN)/baton up
+
+down:
+	$(BIN)/baton down
+
+status:
+	$(BIN)/baton status
+
+test: install
+	$(BIN)/python -m pytest -v -rs --timeout=900 tests
+
+test-unit: install
+	$(BIN)/python -m pytest -v tests/unit
+
+clean:
+	rm -rf $(VENV) models .baton

@@ -1,0 +1,68 @@
+"""Turns a pool's config into vLLM engine arguments for one role.
+
+Roles: `prefill` writes KV into Mooncake (kv_producer), `decode` reads it
+(kv_consumer), and `colocated` is a plain engine with no connector, the peer
+Baton is compared against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from cluster.config import BatonConfig, ConfigError
+
+Role = Literal["prefill", "decode", "colocated"]
+_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Set by Baton itself; a pool's engine_args may not override them.
+_OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", "kv_transfer_config"}
+
+
+def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
+    """The AsyncEngineArgs keyword arguments for `role` (no vLLM import)."""
+    pool = cfg.prefill if role == "prefill" else cfg.decode
+    kwargs: dict[str, Any] = {
+        "model": str(cfg.model.resolved_path()),
+        "served_model_name": cfg.model.served_name,
+        "dtype": cfg.model.dtype,
+        "block_size": cfg.model.block_size,
+        "max_model_len": cfg.model.max_model_len,
+        "enable_prefix_caching": True,
+        "enforce_eager": True,
+        "disable_log_stats": True,
+    }
+    kwargs.update(pool.engine_args)
+    if role in _KV_ROLE:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "MooncakeStoreConnector",
+            "kv_role": _KV_ROLE[role],
+        }
+    return kwargs
+
+
+def validate(cfg: BatonConfig, source: str) -> None:
+    """Checks every pool's engine_args names against vLLM's AsyncEngineArgs.
+
+    Raises ConfigError naming the field and the file; changes nothing.
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    for pool_name in ("prefill", "decode"):
+        for key in getattr(cfg, pool_name).engine_args:
+            field = f"{pool_name}.engine_args.{key}"
+            if key in _OWNED:
+                raise ConfigError(f"invalid config in {source}:\n  {field}: set by Baton from `model`; remove it")
+            if key not in known:
+                raise ConfigError(f"invalid config in {source}:\n  {field}: not a vLLM engine argument")
+
+
+def build(cfg: BatonConfig, role: Role):
+    """A vLLM AsyncEngineArgs for `role`."""
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kwargs = engine_kwargs(cfg, role)
+    if "kv_transfer_config" in kwargs:
+        kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+    return AsyncEngineArgs(**kwargs)

@@ -1,0 +1,138 @@
+"""The `baton` command: up, down, status, model and bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from cluster.config import ConfigError, load_config
+from cluster.processes import pid_alive
+
+
+def _load(args):
+    path = args.config or os.environ.get("BATON_CONFIG")
+    cfg = load_config(path)
+    return cfg, path or "<defaults>"
+
+
+def cmd_up(args) -> int:
+    from actors import engine_args
+    from cluster.launcher import LocalStack, state_file
+
+    cfg, source = _load(args)
+    engine_args.validate(cfg, source)
+    existing = state_file(cfg)
+    if existing.exists() and pid_alive(json.loads(existing.read_text())["pid"]):
+        print(f"baton is already running (state in {existing}); run `baton down` first", file=sys.stderr)
+        return 1
+    stack = LocalStack(cfg, source)
+    stop = {"now": False}
+
+    def on_signal(signum, _frame):
+        stop["now"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stack.up()
+        url = f"http://{cfg.serve.host}:{cfg.serve.port}"
+        mode = "colocated" if cfg.colocated else "disaggregated prefill/decode"
+        print(f"\nBaton is ready at {url} ({mode}, model {cfg.model.served_name}). Ctrl-C stops it.")
+        print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+              f"    -d '{{\"model\": \"{cfg.model.served_name}\", "
+              f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 16}}'",
+              flush=True)
+        while not stop["now"]:
+            time.sleep(1)
+            if dead := stack.dead_children():
+                print(f"component(s) exited: {', '.join(dead)}; see {stack.log_dir}", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("\nstopping baton ...", flush=True)
+        stack.down()
+        print("stopped.", flush=True)
+    return 0
+
+
+def cmd_down(args) -> int:
+    from cluster.launcher import state_file
+
+    cfg, _ = _load(args)
+    path = state_file(cfg)
+    if not path.exists():
+        print("baton is not running")
+        return 0
+    state = json.loads(path.read_text())
+    pid = state["pid"]
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    for name, child in state.get("children", {}).items():
+        if child and pid_alive(child):
+            print(f"killing leftover {name} (pid {child})")
+            os.kill(child, signal.SIGKILL)
+    path.unlink(missing_ok=True)
+    print("baton stopped")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from cluster import status
+
+    cfg, _ = _load(args)
+    report = status.collect(cfg)
+    print(json.dumps(report, indent=2) if args.json else status.render(report))
+    return 0 if report["healthy"] else 1
+
+
+def cmd_model(args) -> int:
+    from cluster import tiny_model
+
+    cfg, _ = _load(args)
+    return tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
+
+
+def cmd_bench(args) -> int:
+    if args.what == "serve":
+        from cluster import bench_serve
+
+        return bench_serve.main(args.rest)
+    from routing import bench_router
+
+    return bench_router.main(args.rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="baton", description="PD-disaggregated LLM serving on Ray")
+    parser.add_argument("--config", help="YAML config (default: $BATON_CONFIG or built-in defaults)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("up", help="start the local stack and serve until Ctrl-C").set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop a stack started by `up`").set_defaults(fn=cmd_down)
+    st = sub.add_parser("status", help="health of each component")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+    md = sub.add_parser("model", help="generate the default tiny model")
+    md.add_argument("--force", action="store_true")
+    md.set_defaults(fn=cmd_model)
+    bench = sub.add_parser("bench", help="benchmarks: serve, router")
+    bench.add_argument("what", choices=["serve", "router"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(fn=cmd_bench)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"baton: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

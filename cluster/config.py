@@ -1,0 +1,204 @@
+"""Baton's one declarative config: a pydantic model loaded from YAML plus env.
+
+Every component reads its part of `BatonConfig`. Unknown keys are errors
+(`extra="forbid"`), and any problem is raised as one `ConfigError` that names
+the field and the file before anything starts.
+
+Environment overrides use `BATON__` and `__` between levels, for example
+`BATON__SERVE__PORT=8001` or `BATON__DECODE__REPLICAS=2`. Values are parsed
+as YAML scalars, so `true`, `2` and `0.5` keep their types.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
+ENV_PREFIX = "BATON__"
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased for the user (field and file)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    path: str | None = Field(
+        None, description="HF-format checkpoint directory; None generates the tiny default model"
+    )
+    served_name: str = Field("baton-tiny", description="model id clients send in `model`")
+    max_model_len: int = Field(2048, gt=0, description="context length, prompt plus output")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights and KV dtype passed to vLLM"
+    )
+    block_size: int = Field(32, gt=0, description="KV block size in tokens, same on every engine")
+
+    def resolved_path(self) -> Path:
+        return Path(self.path).expanduser().resolve() if self.path else DEFAULT_MODEL_DIR
+
+
+class ReplicaResources(_Strict):
+    num_cpus: float = Field(0, ge=0, description="Ray CPUs reserved per replica")
+    num_gpus: float = Field(0, ge=0, description="Ray GPUs per replica")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type, e.g. H100 or L4")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources, e.g. {prefill: 1}"
+    )
+
+    def ray_actor_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.accelerator_type:
+            opts["accelerator_type"] = self.accelerator_type
+        if self.resources:
+            opts["resources"] = dict(self.resources)
+        return opts
+
+
+class PoolConfig(_Strict):
+    replicas: int = Field(1, ge=1, description="number of engine replicas in this pool")
+    resources: ReplicaResources = Field(default_factory=ReplicaResources)
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="extra vLLM AsyncEngineArgs for this pool's engines"
+    )
+    cpu_kv_cache_gb: float = Field(
+        1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE for CPU engines (GiB)"
+    )
+    max_ongoing_requests: int = Field(64, ge=1, description="Serve concurrency cap per replica")
+
+
+class MooncakeConfig(_Strict):
+    host: str = Field("127.0.0.1", description="address the master and store bind and advertise")
+    master_port: int = Field(50051, gt=0, lt=65536, description="master RPC port")
+    metadata_port: int = Field(8090, gt=0, lt=65536, description="HTTP metadata server port")
+    master_metrics_port: int = Field(9003, gt=0, lt=65536, description="master metrics port")
+    store_port: int = Field(50052, gt=0, lt=65536, description="store (real client) service port")
+    store_http_port: int = Field(9300, gt=0, lt=65536, description="store health/metrics port")
+    global_segment_size: str = Field("512MB", description="memory pool the store contributes")
+    local_buffer_size: str = Field("128MB", description="per-worker transfer buffer")
+    protocol: Literal["tcp", "rdma"] = Field("tcp", description="transfer protocol")
+    device_name: str = Field("", description="RDMA device names, empty for tcp")
+    enable_offload: bool = Field(False, description="NVMe offload tier in the store")
+    offload_dir: str | None = Field(None, description="NVMe directory for the offload tier")
+
+
+class RedisConfig(_Strict):
+    url: str = Field("redis://127.0.0.1:6390/0", description="Redis used for routing state")
+    start_local: bool = Field(True, description="start a redis-server for this URL on `up`")
+
+
+class ServeConfig(_Strict):
+    host: str = Field("127.0.0.1", description="HTTP bind address of the endpoint")
+    port: int = Field(8000, gt=0, lt=65536, description="HTTP port of the endpoint")
+    request_timeout_s: float = Field(300, gt=0, description="hard deadline for one request")
+    api_keys: dict[str, str] = Field(
+        default_factory=dict, description="API key -> tenant; empty disables auth"
+    )
+
+
+class TracingConfig(_Strict):
+    exporter: Literal["none", "console", "file", "otlp"] = Field(
+        "none", description="where request spans go"
+    )
+    file: str = Field(".baton/traces.jsonl", description="span file for exporter=file")
+    otlp_endpoint: str = Field("http://127.0.0.1:4317", description="OTLP gRPC endpoint")
+
+
+class RayConfig(_Strict):
+    address: str | None = Field(None, description="existing Ray cluster; None starts a local head")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local head; None = all")
+
+
+class BatonConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    prefill: PoolConfig = Field(default_factory=PoolConfig)
+    decode: PoolConfig = Field(default_factory=PoolConfig)
+    colocated: bool = Field(
+        False, description="decode pool also prefills; no prefill pool, no KV transfer"
+    )
+    mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> "BatonConfig":
+        m = self.mooncake
+        ports = {
+            "serve.port": self.serve.port,
+            "mooncake.master_port": m.master_port,
+            "mooncake.metadata_port": m.metadata_port,
+            "mooncake.master_metrics_port": m.master_metrics_port,
+            "mooncake.store_port": m.store_port,
+            "mooncake.store_http_port": m.store_http_port,
+        }
+        seen: dict[int, str] = {}
+        for name, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{name} and {seen[port]} both use port {port}")
+            seen[port] = name
+        return self
+
+    def state_path(self) -> Path:
+        p = Path(self.state_dir)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment {key}: '{part}' is not a section")
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+    return data
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {field}: {e['msg']}")
+    return f"invalid config in {source}:\n" + "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> BatonConfig:
+    """Reads YAML (if given), applies BATON__ env overrides and validates.
+
+    Changes nothing on disk. Raises ConfigError naming the field and the file.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    source = str(path) if path else "<defaults>"
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"invalid YAML in {p}: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"invalid config in {p}: top level must be a mapping")
+        data = loaded or {}
+    if any(k.startswith(ENV_PREFIX) for k in environ):
+        source += " (with BATON__ environment overrides)"
+    data = _apply_env(data, environ)
+    try:
+        return BatonConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None

@@ -1,0 +1,176 @@
+"""The embedded local stack behind `baton up`.
+
+Starts, in order: the default model (generated if absent), Redis, the Mooncake
+master and store, a Ray head (in this process, so it dies with it), Serve's
+HTTP proxy and the Baton app. `down()` stops all of it in reverse, by PID,
+and touches nothing it did not start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from cluster import tiny_model
+from cluster.config import BatonConfig
+from cluster.processes import ManagedProcess
+from cluster.progress import Progress
+from kvstore import mooncake
+
+ENGINE_WARMUP_TIMEOUT_S = 900
+
+
+def state_file(cfg: BatonConfig) -> Path:
+    return cfg.state_path() / "state.json"
+
+
+class LocalStack:
+    def __init__(self, cfg: BatonConfig, config_source: str, progress: Progress | None = None):
+        self.cfg = cfg
+        self.source = config_source
+        self.state_dir = cfg.state_path()
+        self.log_dir = self.state_dir / "logs"
+        self.progress = progress or Progress(total=6)
+        self.children: list[ManagedProcess] = []
+        self.ray_started = False
+        self.serve_error: BaseException | None = None
+
+    # -- steps ------------------------------------------------------------------
+
+    def _model(self) -> None:
+        if self.cfg.model.path is None:
+            tiny_model.generate(self.cfg.model.resolved_path())
+        elif not (self.cfg.model.resolved_path() / "config.json").exists():
+            raise FileNotFoundError(f"model.path {self.cfg.model.path}: no config.json there")
+
+    def _redis(self) -> None:
+        url = urlparse(self.cfg.redis.url)
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server not installed (apt-get install redis-server)")
+        argv = [binary, "--bind", url.hostname or "127.0.0.1", "--port", str(url.port or 6379),
+                "--save", "", "--appendonly", "no", "--dir", str(self.state_dir)]
+        self._spawn(ManagedProcess("redis", argv, self.log_dir / "redis.log",
+                                   ready_port=(url.hostname or "127.0.0.1", url.port or 6379)))
+
+    def _mooncake(self) -> Path:
+        self._spawn(mooncake.master_process(self.cfg.mooncake, self.log_dir))
+        self._spawn(mooncake.store_process(self.cfg.mooncake, self.log_dir))
+        return mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")
+
+    def _ray(self) -> None:
+        import ray
+
+        if self.cfg.ray.address:
+            ray.init(address=self.cfg.ray.address, namespace="baton", logging_level="WARNING")
+        else:
+            resources: dict[str, float] = {}
+            for pool in (self.cfg.prefill, self.cfg.decode):
+                for key, amount in pool.resources.resources.items():
+                    resources[key] = resources.get(key, 0) + amount * pool.replicas
+            ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
+                     include_dashboard=False, namespace="baton", logging_level="WARNING",
+                     _node_ip_address="127.0.0.1")
+        self.ray_started = True
+
+    def _serve(self, worker_cfg: Path) -> None:
+        from ray import serve
+
+        from deployments.app import APP_NAME, build_app
+
+        serve.start(http_options={"host": self.cfg.serve.host, "port": self.cfg.serve.port})
+        app = build_app(self.cfg, worker_cfg)
+
+        def run() -> None:
+            try:
+                serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+            except BaseException as exc:  # noqa: BLE001 - reported by the waiting thread
+                self.serve_error = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.progress.wait("warming engines", lambda: self._app_ready(thread), ENGINE_WARMUP_TIMEOUT_S)
+
+    def _app_ready(self, thread: threading.Thread) -> tuple[bool, str]:
+        from ray import serve
+
+        if self.serve_error is not None:
+            raise RuntimeError(f"Serve deployment failed: {self.serve_error}")
+        try:
+            status = serve.status().applications.get("baton")
+        except Exception as exc:  # noqa: BLE001 - controller still starting
+            return False, f"waiting for Serve ({type(exc).__name__})"
+        if status is None:
+            return False, "deploying"
+        parts = [f"{name} {d.status.value}" for name, d in status.deployments.items()]
+        if status.status.value == "DEPLOY_FAILED":
+            raise RuntimeError(f"Serve deployment failed: {status.message}")
+        done = status.status.value == "RUNNING" and not thread.is_alive()
+        return done, ", ".join(parts) or status.status.value
+
+    def _spawn(self, proc: ManagedProcess) -> None:
+        proc.start()
+        self.children.append(proc)
+        proc.wait_ready(timeout=30)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def up(self) -> None:
+        """Starts every component; on failure stops what was started and raises."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        p = self.progress
+        try:
+            with p.step("default model"):
+                self._model()
+            with p.step("redis"):
+                if self.cfg.redis.start_local:
+                    self._redis()
+            with p.step("mooncake master and store"):
+                worker_cfg = self._mooncake()
+            with p.step("ray head"):
+                self._ray()
+            with p.step("serve app (prefill and decode engines)"):
+                self._serve(worker_cfg)
+            with p.step("ready check"):
+                self._write_state()
+        except BaseException:
+            self.down()
+            raise
+
+    def _write_state(self) -> None:
+        import ray
+
+        state = {
+            "pid": os.getpid(),
+            "config": self.source,
+            "started": time.time(),
+            "ray_address": ray.get_runtime_context().gcs_address,
+            "children": {c.name: c.pid for c in self.children},
+            "url": f"http://{self.cfg.serve.host}:{self.cfg.serve.port}",
+        }
+        state_file(self.cfg).write_text(json.dumps(state, indent=2))
+
+    def dead_children(self) -> list[str]:
+        return [c.name for c in self.children if not c.alive()]
+
+    def down(self) -> None:
+        """Stops Serve, Ray and the children in reverse order; idempotent."""
+        if self.ray_started:
+            import ray
+            from ray import serve
+
+            try:
+                serve.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            ray.shutdown()
+            self.ray_started = False
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        state_file(self.cfg).unlink(missing_ok=True)

@@ -1,0 +1,110 @@
+"""Child processes that `baton up` owns: started, watched and stopped by PID.
+
+Each child runs in its own session so a Ctrl-C at the terminal reaches only
+`baton up`, which then stops the children in reverse order of start. Output
+goes to a log file per child under the state directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True if something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); read its state so it counts as gone.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class ManagedProcess:
+    """One child: argv, environment, log file, and the port it serves."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    ready_port: tuple[str, int] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        """Spawns the child in a new session with stdout/stderr to its log."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Blocks until the child's port accepts connections.
+
+        Raises RuntimeError with the log's tail if the child exits or the
+        port does not open in time.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+            if self.ready_port is None or port_open(*self.ready_port):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} did not open {self.ready_port} in {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout`; reaps the child."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])

@@ -1,0 +1,100 @@
+"""`baton status`: the health of each component of a running stack.
+
+Reads the state file that `baton up` wrote and probes each component over
+its own protocol. Probing changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import asdict, dataclass
+
+from cluster.config import BatonConfig
+from cluster.launcher import state_file
+from cluster.processes import pid_alive
+from kvstore import health as kv_health
+
+
+@dataclass
+class Component:
+    name: str
+    state: str  # healthy | degraded | down
+    detail: str = ""
+
+
+def _redis(cfg: BatonConfig) -> Component:
+    import redis
+
+    try:
+        redis.Redis.from_url(cfg.redis.url, socket_timeout=2).ping()
+        return Component("redis", "healthy", cfg.redis.url)
+    except Exception as exc:  # noqa: BLE001
+        return Component("redis", "down", str(exc))
+
+
+def _mooncake(cfg: BatonConfig) -> Component:
+    h = kv_health.check(cfg.mooncake)
+    cap = h.capacity
+    detail = (f"memory {cap.get('memory_used_bytes', 0) / 2**20:.1f}/"
+              f"{cap.get('memory_capacity_bytes', 0) / 2**20:.0f} MiB, keys {int(cap.get('keys', 0))}")
+    return Component("mooncake", h.state, detail if h.master_ok else (h.error or ""))
+
+
+def _http(url: str) -> Component:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:  # noqa: S310
+            models = [m["id"] for m in json.loads(resp.read())["data"]]
+        return Component("endpoint", "healthy", f"{url} serving {', '.join(models)}")
+    except Exception as exc:  # noqa: BLE001
+        return Component("endpoint", "down", f"{url}: {exc}")
+
+
+def _serve(address: str) -> list[Component]:
+    import ray
+    from ray import serve
+
+    try:
+        ray.init(address=address, namespace="baton", logging_level="ERROR", log_to_driver=False)
+        app = serve.status().applications.get("baton")
+    except Exception as exc:  # noqa: BLE001
+        return [Component("ray", "down", str(exc))]
+    finally:
+        pass
+    out = [Component("ray", "healthy", address)]
+    if app is None:
+        return out + [Component("serve", "down", "app 'baton' not deployed")]
+    for name, dep in app.deployments.items():
+        counts = ", ".join(f"{k.value.lower()} {v}" for k, v in dep.replica_states.items())
+        state = "healthy" if dep.status.value == "HEALTHY" else "degraded"
+        out.append(Component(f"pool:{name}", state, counts))
+    ray.shutdown()
+    return out
+
+
+def collect(cfg: BatonConfig) -> dict:
+    """Every component's state, plus overall `healthy` if all are."""
+    path = state_file(cfg)
+    if not path.exists():
+        return {"running": False, "components": [], "healthy": False}
+    state = json.loads(path.read_text())
+    comps = [Component("baton-up", "healthy" if pid_alive(state["pid"]) else "down", f"pid {state['pid']}")]
+    comps.append(_redis(cfg) if cfg.redis.start_local or cfg.redis.url else Component("redis", "down"))
+    comps.append(_mooncake(cfg))
+    comps.extend(_serve(state["ray_address"]))
+    comps.append(_http(state["url"]))
+    return {
+        "running": True,
+        "healthy": all(c.state == "healthy" for c in comps),
+        "components": [asdict(c) for c in comps],
+    }
+
+
+def render(report: dict) -> str:
+    if not report["running"]:
+        return "baton is not running (no state file)"
+    lines = [f"{'component':<16} {'state':<9} detail"]
+    for c in report["components"]:
+        lines.append(f"{c['name']:<16} {c['state']:<9} {c['detail']}")
+    lines.append("overall: " + ("healthy" if report["healthy"] else "NOT healthy"))
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""The default model: a deterministic tiny Llama, generated locally.
+
+Nothing can be downloaded at run time, so Baton's default model is built here
+from a fixed seed: a byte-level BPE tokenizer trained on a text shipped in the
+repository, a chat template, and a 2-layer Llama with random weights. Any
+HF-format checkpoint directory can be used instead through the config.
+
+The weights are random, so the text it writes is nonsense; what matters is that
+it is a real checkpoint vLLM serves, and that the same seed gives the same
+bytes on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+CORPUS = Path(__file__).parent / "assets" / "corpus.txt"
+SPECIAL_TOKENS = ["<|bos|>", "<|end|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SEED = 1234
+VOCAB_SIZE = 1024
+MAX_POSITIONS = 2048
+MARKER = "baton_tiny_model.json"
+
+
+def _train_tokenizer(out: Path) -> int:
+    """Writes tokenizer files into `out`; returns the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS.read_text()], trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|end|>",
+        pad_token="<|pad|>",
+        model_max_length=MAX_POSITIONS,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return len(fast)
+
+
+def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        # Wide logits keep greedy argmax far from ties, so tiny numerical
+        # differences between batched prefill and decode never flip a token.
+        initializer_range=0.25,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def generate(out: Path, force: bool = False) -> Path:
+    """Creates the tiny model in `out` unless it is already complete there.
+
+    Writes config, weights, tokenizer and chat template, then a marker file
+    last, so an interrupted run is redone rather than half-used.
+    """
+    marker = out / MARKER
+    if marker.exists() and not force:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = _train_tokenizer(out)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    _build_model(out, vocab, tok.bos_token_id, tok.eos_token_id)
+    gen_cfg = out / "generation_config.json"
+    if gen_cfg.exists():  # keep vLLM's defaults plain greedy-capable
+        cfg = json.loads(gen_cfg.read_text())
+        cfg.pop("do_sample", None)
+        gen_cfg.write_text(json.dumps(cfg, indent=2))
+    marker.write_text(json.dumps({"seed": SEED, "vocab_size": vocab}))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Generate Baton's default tiny model.")
+    parser.add_argument("out", type=Path, help="directory to write the checkpoint into")
+    parser.add_argument("--force", action="store_true", help="regenerate even if present")
+    args = parser.parse_args(argv)
+    if (args.out / MARKER).exists() and not args.force:
+        print(f"model already present at {args.out}")
+        return 0
+    print(f"generating tiny model into {args.out} ...", flush=True)
+    generate(args.out, force=args.force)
+    print(f"model ready at {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

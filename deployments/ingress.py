@@ -1,0 +1,206 @@
+"""The OpenAI-compatible HTTP ingress, a Ray Serve deployment over FastAPI.
+
+For each request it resolves the tenant from the API key, applies the chat
+template, checks the context budget, then runs prefill on a prefill replica
+(KV goes to Mooncake) and streams decode from a decode replica (KV comes back
+from Mooncake). In colocated mode there is no prefill pool and decode does
+both. Bad input is answered with a 4xx before any engine is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+
+from actors.protocol import EngineChunk, EngineRequest, SamplingSpec
+from cluster import tracing
+from cluster.config import REPO_ROOT, BatonConfig
+from deployments import render
+from deployments.schemas import APIError, ChatCompletionRequest, CompletionRequest, parse
+
+DEFAULT_TENANT = "default"
+SESSION_HEADER = "x-session-affinity"
+
+app = FastAPI(title="Baton", description="OpenAI-compatible, PD-disaggregated LLM serving")
+
+
+@app.exception_handler(APIError)
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+@app.exception_handler(Exception)
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    err = APIError(500, f"internal error: {type(exc).__name__}", "server_error")
+    return JSONResponse(err.body(), status_code=500)
+
+
+def _upstream_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return APIError(504, "request timed out", "timeout_error", code="timeout")
+    return APIError(503, f"engine unavailable: {type(exc).__name__}", "server_error",
+                    code="engine_unavailable", headers={"Retry-After": "1"})
+
+
+@serve.deployment(name="ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, cfg: dict, prefill, decode):
+        from transformers import AutoTokenizer
+
+        self.cfg = BatonConfig.model_validate(cfg)
+        tracing.setup(self.cfg.tracing, "baton-ingress", REPO_ROOT)
+        self.prefill, self.decode = prefill, decode
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.cfg.model.resolved_path()))
+        self.model = self.cfg.model.served_name
+
+    # -- request preparation (no engine involved) --------------------------
+
+    def _tenant(self, request: Request) -> str:
+        keys = self.cfg.serve.api_keys
+        if not keys:
+            return DEFAULT_TENANT
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if token not in keys:
+            raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+        return keys[token]
+
+    def _prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> list[int]:
+        if isinstance(req, ChatCompletionRequest):
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "batched prompts are not supported; send one prompt", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        vocab = len(self.tokenizer)
+        if not prompt or any(t < 0 or t >= vocab for t in prompt):
+            raise APIError(400, f"prompt token ids must be non-empty and in [0, {vocab})", param="prompt")
+        return list(prompt)
+
+    def _engine_request(self, req, request_id: str, tenant: str) -> EngineRequest:
+        if req.model != self.model:
+            raise APIError(404, f"The model '{req.model}' does not exist", param="model",
+                           code="model_not_found")
+        ids = self._prompt_ids(req)
+        limit = self.cfg.model.max_model_len
+        budget = req.token_budget()
+        if len(ids) >= limit or (budget is not None and len(ids) + budget > limit):
+            asked = len(ids) + (budget or 0)
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{asked} tokens ({len(ids)} in the prompt, {budget or 0} for the completion).",
+                param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        sampling = SamplingSpec(
+            max_tokens=budget if budget is not None else limit - len(ids),
+            temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop_list(),
+        )
+        return EngineRequest(request_id, ids, sampling, cache_salt=tenant)
+
+    # -- the request path -----------------------------------------------------
+
+    async def _run(self, request: Request, kind: str) -> JSONResponse | StreamingResponse:
+        schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
+        req = parse(schema, await request.body())
+        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        ereq = self._engine_request(req, request_id, self._tenant(request))
+        headers = {"x-request-id": request_id}
+        if session := request.headers.get(SESSION_HEADER):
+            headers[SESSION_HEADER] = session
+        deadline = time.monotonic() + self.cfg.serve.request_timeout_s
+        span = tracing.tracer().start_span("ingress")
+        span.set_attribute("baton.request_id", request_id)
+        span.set_attribute("baton.prompt_tokens", len(ereq.prompt_token_ids))
+        out = render.Completion(kind, request_id, self.model, len(ereq.prompt_token_ids))
+        try:
+            chunks = await self._start(ereq, span, deadline)
+            first = await self._next(chunks, deadline)
+        except BaseException as exc:
+            span.end()
+            raise _upstream_error(exc) from None
+        if not req.stream:
+            try:
+                while first is not None:
+                    out.add(first)
+                    first = await self._next(chunks, deadline)
+            except BaseException as exc:
+                raise _upstream_error(exc) from None
+            finally:
+                span.end()
+            return JSONResponse(out.response(), headers=headers)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        body = self._stream(out, first, chunks, deadline, include_usage, span)
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+    async def _start(self, ereq: EngineRequest, span, deadline: float):
+        """Runs prefill (unless colocated) and opens the decode stream."""
+        with tracing.tracer().start_as_current_span("dispatch", context=tracing.trace.set_span_in_context(span)):
+            ereq.trace_context = tracing.inject()
+            if self.prefill is not None:
+                await asyncio.wait_for(self.prefill.prefill.remote(ereq), deadline - time.monotonic())
+            return self.decode.options(stream=True).generate.remote(ereq)
+
+    @staticmethod
+    async def _next(chunks, deadline: float) -> EngineChunk | None:
+        try:
+            return await asyncio.wait_for(chunks.__anext__(), max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            return None
+
+    async def _stream(self, out: render.Completion, first: EngineChunk | None, chunks,
+                      deadline: float, include_usage: bool, span) -> AsyncIterator[bytes]:
+        try:
+            if opening := out.first_event():
+                yield opening
+            chunk = first
+            while chunk is not None:
+                out.add(chunk)
+                yield out.delta_event(chunk)
+                chunk = await self._next(chunks, deadline)
+            if include_usage:
+                yield out.usage_event()
+        except asyncio.CancelledError:
+            chunks.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - tokens already sent: end with an error event
+            err = _upstream_error(exc)
+            yield render.error_event(err.message, err.type, err.code)
+        finally:
+            span.end()
+        yield render.DONE
+
+    # -- routes -----------------------------------------------------------------
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self._run(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._run(request, "text")
+
+    @app.get("/v1/models")
+    async def models(self):
+        return {"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": 0, "owned_by": "baton",
+            "max_model_len": self.cfg.model.max_model_len}]}
+
+    @app.get("/health")
+    async def health(self):
+        return {"status": "ok"}
