@@ -1,0 +1,98 @@
+"""Dataclasses at the router's boundary: request in, load in, decision out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+Reason = Literal["pinned", "prefix", "load"]
+
+
+@dataclass(frozen=True)
+class RoutingRequest:
+    """What the router knows about one request before choosing a replica.
+
+    ``block_hashes`` are the chained, tenant-salted hashes of the prompt's full
+    blocks (see ``block_hash.hash_blocks``). ``session`` comes from the
+    ``x-session-affinity`` header. ``expected_decode_tokens`` is max_tokens or
+    an estimate; the policy does not read it, the router shell adds it to its
+    per-replica ``pending_blocks`` accounting once the request is sent.
+    """
+
+    block_hashes: tuple[int, ...]
+    session: str | None = None
+    expected_decode_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """Load of one candidate replica as reported by it (or tracked by the router).
+
+    ``pending_blocks`` is optional finer-grained work in flight: prefill
+    blocks still to compute plus remaining decode tokens / block size. Engines
+    do not report it; the router derives it from what it has sent and not yet
+    seen finish (the simulator computes it exactly). When no replica reports
+    it, load is ``running + queued``.
+    """
+
+    running: int = 0
+    queued: int = 0
+    free_kv_blocks: int = 0
+    capacity: int = 1
+    alive: bool = True
+    pending_blocks: float = 0.0
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    """The chosen replica and why.
+
+    ``reason``: "pinned" (session pin honoured), "prefix" (chosen for its
+    cached prefix), or "load" (no useful cache; chosen for low load).
+    ``cached_blocks`` is the leading run of the request's blocks the chosen
+    replica holds per the index. ``repinned`` is True when a live session pin
+    was moved to another replica by this decision.
+    """
+
+    replica: str
+    reason: Reason
+    cached_blocks: int = 0
+    repinned: bool = False
+
+
+def scalar_loads(loads: dict[str, ReplicaLoad]) -> dict[str, float]:
+    """One comparable number per live replica: work in flight in blocks when
+    any replica reports ``pending_blocks``, else running + queued requests.
+    Deciding the unit once per call keeps the numbers comparable."""
+    live = {n: l for n, l in loads.items() if l.alive}
+    if any(l.pending_blocks > 0 for l in live.values()):
+        return {n: l.pending_blocks for n, l in live.items()}
+    return {n: float(l.running + l.queued) for n, l in live.items()}
+
+
+class Router(ABC):
+    """A stateful router: a policy plus whatever state it keeps.
+
+    Only ``route`` is abstract. The hooks default to no-ops; a router that keeps
+    an index overrides the KV-event hooks, one that learns from its own
+    history overrides ``on_routed``.
+    """
+
+    name: str = "router"
+
+    @abstractmethod
+    def route(self, request: RoutingRequest, loads: dict[str, ReplicaLoad], now: float) -> RoutingDecision:
+        """Choose one of ``loads``' replicas for ``request``. May change router state."""
+
+    def on_routed(self, request: RoutingRequest, replica: str, now: float) -> None:
+        """The request was sent to ``replica``."""
+
+    def on_kv_stored(self, replica: str, block_hashes: list[int], parent: int | None) -> None:
+        """``replica`` reported new blocks (engine ``BlockStored``)."""
+
+    def on_kv_removed(self, replica: str, block_hashes: list[int]) -> None:
+        """``replica`` reported evicted blocks (engine ``BlockRemoved``)."""
+
+    def on_replica_removed(self, replica: str) -> None:
+        """``replica`` died or left the pool."""

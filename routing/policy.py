@@ -1,0 +1,181 @@
+# Baton routing policy
+# ====================
+#
+# Goal: send each request to the replica that will compute the fewest blocks
+# for it, without letting any replica's load run away, and keep a
+# conversation on one replica so its KV is found again next turn.
+#
+# Inputs per decision (all passed in, nothing global):
+#   - the request's chained block hashes, optional session id;
+#   - per-candidate ReplicaLoad (work in flight, KV free/capacity, alive);
+#   - the exact PrefixIndex (fed by engine KV events) and the SessionPins;
+#   - ``now`` and a seeded RNG.
+#
+# Algorithm (O(prompt blocks + replicas)):
+#   1. Candidates = live replicas. load(r) = work in flight in blocks
+#      (``pending_blocks``; running + queued when no replica reports it).
+#      bound = OVERLOAD_RATIO * mean(load) + OVERLOAD_SLACK_BLOCKS.
+#      A candidate is *overloaded* when load(r) > bound. The bound is checked
+#      per candidate: an overloaded replica is skipped, everyone else keeps
+#      their affinity. There is no fleet-wide "affinity off" switch, which is
+#      what sent upstream routers into hot spots and death spirals.
+#   2. Session pin: if the session is pinned to a live, non-overloaded
+#      replica, go there ("pinned"). Otherwise continue and re-pin at the end.
+#   3. Prefix match in the index: held(r) = leading blocks r holds. Then the
+#      *shared head* of the prompt: popular = the longer of
+#        - the leading run held by at least POPULAR_FRACTION (and at least
+#          two) of the non-overloaded candidates, and
+#        - the leading run whose blocks each have a fan-out of at least
+#          SHARED_FANOUT in the index (many conversations continue them: a
+#          system prompt or template; the trace's hash id 0 has 7,373).
+#      The shared head tells candidates apart by nothing and is cheap to
+#      replicate, so every candidate is credited with it. Without this credit
+#      the first replica to hold the system prompt wins every new
+#      conversation and new replicas never warm up.
+#   4. If some non-overloaded candidate holds more than the popular run (a
+#      conversation-specific prefix): cost(r) = recompute(r) + ALPHA * load(r)
+#      with recompute(r) = blocks - max(held(r), popular); pick the cheapest
+#      among non-overloaded candidates, ties to the less loaded ("prefix").
+#   5. Cold request (nothing specific cached anywhere): power of two choices
+#      among non-overloaded candidates by load ("load"). A cold replica (KV
+#      more than COLD_FREE_FRACTION free, e.g. newly added) joins the draw as
+#      a third choice, so it is filled with new conversations instead of
+#      staying empty. New conversations are what balances the pool: they
+#      carry no cache, so placing them costs nothing.
+#   6. Pin the session (if any) to the choice; a moved pin is a re-pin.
+#
+# Thresholds (PolicyConfig), chosen from the trace sweep in
+# docs/router_benchmark.md:
+#   ALPHA = 0.03 recompute blocks per block of load in flight. Moving a
+#     conversation loses its cached blocks now *and* on every later turn, and
+#     leaves a dead copy behind, so load only moves it when the gap is large:
+#     a 10-block conversation moves when its replica has > 333 blocks (about
+#     33 s of prefill at the simulator's rate) more work queued than another.
+#     0 also works on this trace (the shared-head credit of step 3 keeps new
+#     replicas fed); the small positive value gives a replica that is hot
+#     but still under the bound a way to shed marginal traffic.
+#     At 8 x 2000 blocks, 0.1 loses 2-3 points of hit ratio to needless
+#     moves and 0.3 about 10.
+#   OVERLOAD_RATIO = 2.0, OVERLOAD_SLACK_BLOCKS = 200: the per-candidate hard
+#     bound, 2x the mean load plus 20 s of prefill work. Above it a replica
+#     takes no pinned or prefix traffic until it drains. Tighter bounds
+#     (1.3x + 30) break affinity on ordinary bursts and cost 4-8 points.
+#   POPULAR_FRACTION = 0.5: a prefix held by half the candidates is popular.
+#   SHARED_FANOUT = 8: a block continued 8 different ways is a shared head.
+#     On the trace only ~20 blocks reach it; conversation blocks have 1-2
+#     children (a turn that branched). 2, 4, 8 and 16 are within 1 point.
+#   COLD_FREE_FRACTION = 0.5: a replica with more than half its KV free is cold.
+#   Session pins use the pins' TTL (SessionPins.ttl_s, default 600 s).
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest, scalar_loads
+from routing.prefix_index import PrefixIndex
+from routing.session_pins import SessionPins
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Thresholds of the Baton policy; see the comment at the top of policy.py."""
+
+    alpha: float = 0.03
+    overload_ratio: float = 2.0
+    overload_slack_blocks: float = 200.0
+    cold_free_fraction: float = 0.5
+    popular_fraction: float = 0.5
+    shared_fanout: int = 8
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError("alpha must be >= 0")
+        if self.overload_ratio < 1.0:
+            raise ValueError("overload_ratio must be >= 1")
+        if self.overload_slack_blocks < 0:
+            raise ValueError("overload_slack_blocks must be >= 0")
+        if self.shared_fanout < 2:
+            raise ValueError("shared_fanout must be >= 2")
+        if not 0.0 < self.popular_fraction <= 1.0:
+            raise ValueError("popular_fraction must be in (0, 1]")
+        if not 0.0 <= self.cold_free_fraction <= 1.0:
+            raise ValueError("cold_free_fraction must be in [0, 1]")
+
+
+class BatonPolicy:
+    """The Baton routing policy. Holds only its config and RNG."""
+
+    def __init__(self, config: PolicyConfig | None = None, rng: random.Random | None = None) -> None:
+        self.config = config or PolicyConfig()
+        self.rng = rng or random.Random(0)
+
+    def route(
+        self,
+        request: RoutingRequest,
+        loads: dict[str, ReplicaLoad],
+        index: PrefixIndex,
+        pins: SessionPins,
+        now: float,
+    ) -> RoutingDecision:
+        """Choose a replica among ``loads`` for ``request``.
+
+        Changes: ``pins`` (the request's session is pinned or re-pinned to the
+        choice, TTL refreshed) and the RNG state. Reads ``index``.
+        Raises ValueError when no candidate is alive.
+        """
+        cfg = self.config
+        load = scalar_loads(loads)
+        if not load:
+            raise ValueError("no live replica to route to")
+        names = list(load)
+        mean = sum(load.values()) / len(names)
+        bound = cfg.overload_ratio * mean + cfg.overload_slack_blocks
+        ok = [n for n in names if load[n] <= bound] or names
+
+        match = index.match(request.block_hashes)
+        held = {n: match.get(n, 0) for n in names}
+
+        if request.session is not None:
+            pinned = pins.get(request.session, now)
+            if pinned in load and load[pinned] <= bound:
+                return RoutingDecision(pinned, "pinned", held[pinned])
+
+        popular = max(
+            self._popular_len([held[n] for n in ok]),
+            index.shared_prefix_len(request.block_hashes, cfg.shared_fanout),
+        )
+        best_specific = max(held[n] for n in ok) - popular
+        if best_specific > 0:
+            n_blocks = len(request.block_hashes)
+
+            def cost(n: str) -> tuple[float, float]:
+                recompute = n_blocks - max(held[n], popular)
+                return recompute + cfg.alpha * load[n], load[n]
+
+            choice = min(ok, key=cost)
+            reason = "prefix" if held[choice] > popular else "load"
+        else:
+            choice = self._cold_choice(ok, load, loads)
+            reason = "load"
+
+        repinned = False
+        if request.session is not None:
+            repinned = pins.pin(request.session, choice, now)
+        return RoutingDecision(choice, reason, held[choice], repinned)
+
+    def _popular_len(self, held: list[int]) -> int:
+        """Leading blocks held by at least POPULAR_FRACTION of ``held``'s
+        candidates, and by two of them at least (one holder is not popular)."""
+        k = min(len(held), max(2, math.ceil(self.config.popular_fraction * len(held))))
+        return sorted(held, reverse=True)[k - 1]
+
+    def _cold_choice(self, ok: list[str], load: dict[str, float], loads: dict[str, ReplicaLoad]) -> str:
+        if len(ok) == 1:
+            return ok[0]
+        draw = self.rng.sample(ok, 2)
+        cold = [n for n in ok if loads[n].free_kv_blocks > self.config.cold_free_fraction * loads[n].capacity]
+        if cold:
+            draw.append(self.rng.choice(cold))
+        return min(draw, key=lambda n: load[n])

@@ -1,0 +1,144 @@
+"""Exact prefix index: which replica holds which KV block hash.
+
+The index is fed by the engines' KV cache events (vLLM ``BlockStored``,
+``BlockRemoved``, ``AllBlocksCleared``), so it mirrors what each replica
+really holds rather than guessing from routing history.
+
+Layout: ``block hash -> set of replicas`` plus ``replica -> set of hashes``
+for cheap removal of a whole replica. The index also records each block's
+*fan-out*: how many distinct child blocks were stored after it (capped at
+``fanout_cap``). A shared system prompt or template has a high fan-out (every
+conversation continues it differently); a conversation's own blocks have one
+or two children. The policy uses this to tell shared heads from specific
+tails. A query walks the prompt's blocks once
+and intersects the shrinking set of replicas still matching, so its cost is
+O(prompt blocks + replicas holding the first block), independent of how many
+blocks the fleet holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class PrefixIndex:
+    """Block hash -> replicas holding it. Pure, not thread-safe."""
+
+    def __init__(self, fanout_cap: int = 16) -> None:
+        self.fanout_cap = fanout_cap
+        self._holders: dict[int, set[str]] = {}
+        self._held: dict[str, set[int]] = {}
+        self._children: dict[int, set[int]] = {}
+
+    # ---- updates (each changes the index) ---------------------------------
+
+    def apply_stored(self, replica: str, block_hashes: Iterable[int], parent: int | None = None) -> None:
+        """Record that ``replica`` now holds ``block_hashes``.
+
+        ``block_hashes`` are consecutive blocks of one chain and ``parent`` is
+        the hash before the first (None at the start of a prompt), as in
+        vLLM's ``BlockStored``. Hashes are chained, so prefix queries need no
+        parent link; the links feed the blocks' fan-out.
+        """
+        held = self._held.setdefault(replica, set())
+        prev = parent
+        for h in block_hashes:
+            if prev is not None:
+                children = self._children.get(prev)
+                if children is None:
+                    self._children[prev] = {h}
+                elif len(children) < self.fanout_cap:
+                    children.add(h)
+            prev = h
+            held.add(h)
+            holders = self._holders.get(h)
+            if holders is None:
+                self._holders[h] = {replica}
+            else:
+                holders.add(replica)
+
+    def apply_removed(self, replica: str, block_hashes: Iterable[int]) -> None:
+        """Record that ``replica`` evicted ``block_hashes``. Unknown hashes are ignored."""
+        held = self._held.get(replica)
+        if held is None:
+            return
+        for h in block_hashes:
+            if h in held:
+                held.discard(h)
+                self._drop_holder(h, replica)
+
+    def apply_cleared(self, replica: str) -> None:
+        """Record that ``replica`` dropped every block; it stays known (empty)."""
+        for h in self._held.get(replica, ()):
+            self._drop_holder(h, replica)
+        self._held[replica] = set()
+
+    def remove_replica(self, replica: str) -> None:
+        """Forget ``replica`` entirely (it died or left the pool)."""
+        self.apply_cleared(replica)
+        del self._held[replica]
+
+    # ---- queries (change nothing) -----------------------------------------
+
+    def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Return ``{replica: n}`` where n >= 1 is the length of the leading run
+        of ``block_hashes`` that the replica holds. Replicas holding none of
+        the leading blocks are absent."""
+        result: dict[str, int] = {}
+        if not block_hashes:
+            return result
+        first = self._holders.get(block_hashes[0])
+        if not first:
+            return result
+        active = set(first)
+        n = 1  # leading blocks every replica in ``active`` holds
+        for h in block_hashes[1:]:
+            holders = self._holders.get(h)
+            if not holders:
+                break
+            if not active <= holders:
+                for r in active - holders:
+                    result[r] = n
+                active &= holders
+                if not active:
+                    break
+            n += 1
+        for r in active:
+            result[r] = n
+        return result
+
+    def fanout(self, block_hash: int) -> int:
+        """Distinct child blocks seen after ``block_hash`` (at most ``fanout_cap``)."""
+        return len(self._children.get(block_hash, ()))
+
+    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int) -> int:
+        """Length of the leading run of ``block_hashes`` whose every block has a
+        fan-out of at least ``min_fanout``: the part of the prompt many
+        conversations share. Changes nothing."""
+        n = 0
+        for h in block_hashes:
+            if len(self._children.get(h, ())) < min_fanout:
+                break
+            n += 1
+        return n
+
+    def num_holders(self, block_hash: int) -> int:
+        """How many replicas hold ``block_hash``."""
+        return len(self._holders.get(block_hash, ()))
+
+    def num_blocks(self, replica: str) -> int:
+        """How many blocks ``replica`` holds according to the index."""
+        return len(self._held.get(replica, ()))
+
+    def replicas(self) -> list[str]:
+        """Replicas the index knows about, in insertion order."""
+        return list(self._held)
+
+    def _drop_holder(self, h: int, replica: str) -> None:
+        holders = self._holders.get(h)
+        if holders is None:
+            return
+        holders.discard(replica)
+        if not holders:
+            del self._holders[h]
+            self._children.pop(h, None)

@@ -1,0 +1,49 @@
+from routing.block_hash import hash_blocks, sha256_block_hash
+
+TOKENS = list(range(100, 110))  # 10 tokens: two full blocks of 4, one partial
+
+
+def test_only_full_blocks_are_hashed():
+    assert len(hash_blocks(TOKENS, 4, salt=None)) == 2
+    assert hash_blocks(TOKENS[:3], 4, salt=None) == []
+
+
+def test_hashes_chain_over_the_prefix():
+    h = hash_blocks(TOKENS, 4, salt=None)
+    assert h[0] == sha256_block_hash(None, (100, 101, 102, 103), None)
+    assert h[1] == sha256_block_hash(h[0], (104, 105, 106, 107), None)
+    # The same tokens after a different prefix hash differently.
+    other = hash_blocks([1, 2, 3, 4] + TOKENS[4:8], 4, salt=None)
+    assert other[1] != h[1]
+    # Continuing from a parent gives the tail of the full chain.
+    assert hash_blocks(TOKENS[4:], 4, salt=None, parent=h[0]) == h[1:]
+
+
+def test_prefix_of_prompt_gives_prefix_of_hashes():
+    long = hash_blocks(TOKENS + [7, 8, 9, 10, 11, 12], 4, salt="t")
+    assert long[:2] == hash_blocks(TOKENS, 4, salt="t")
+
+
+def test_tenant_salt_changes_every_hash():
+    a = hash_blocks(TOKENS, 4, salt="tenant-a")
+    b = hash_blocks(TOKENS, 4, salt="tenant-b")
+    plain = hash_blocks(TOKENS, 4, salt=None)
+    assert all(x != y for x, y in zip(a, b))
+    assert all(x != y for x, y in zip(a, plain))
+    # Continuing a chain still salts each block, not only the first.
+    assert hash_blocks(TOKENS[4:8], 4, salt="tenant-a", parent=plain[0]) != plain[1:2]
+
+
+def test_hash_function_is_injected():
+    calls = []
+
+    def fake(parent, tokens, salt):
+        calls.append((parent, tokens, salt))
+        return len(calls)
+
+    assert hash_blocks(TOKENS, 4, salt="s", hash_fn=fake) == [1, 2]
+    assert calls == [(None, (100, 101, 102, 103), "s"), (1, (104, 105, 106, 107), "s")]
+
+
+def test_hashes_are_64_bit():
+    assert all(0 <= h < 2**64 for h in hash_blocks(TOKENS, 2, salt="x"))

@@ -1,0 +1,68 @@
+from routing.prefix_index import PrefixIndex
+
+
+def make_index():
+    idx = PrefixIndex()
+    idx.apply_stored("r0", [1, 2, 3, 4])
+    idx.apply_stored("r1", [1, 2], parent=None)
+    idx.apply_stored("r2", [1, 2, 3, 4, 5])
+    return idx
+
+
+def test_match_counts_leading_runs():
+    idx = make_index()
+    assert idx.match([1, 2, 3, 4, 5, 6]) == {"r0": 4, "r1": 2, "r2": 5}
+    assert idx.match([1, 2, 9]) == {"r0": 2, "r1": 2, "r2": 2}
+    assert idx.match([7, 1, 2]) == {}
+    assert idx.match([]) == {}
+
+
+def test_only_the_leading_run_counts():
+    idx = make_index()
+    idx.apply_removed("r2", [3])  # r2 now holds 1, 2, 4, 5: a hole at block 3
+    assert idx.match([1, 2, 3, 4, 5]) == {"r0": 4, "r1": 2, "r2": 2}
+    assert idx.match([2, 3]) == {"r0": 2, "r2": 1, "r1": 1}
+
+
+def test_removed_blocks_and_unknown_removals():
+    idx = make_index()
+    idx.apply_removed("r0", [1])
+    idx.apply_removed("r0", [99])  # unknown hash: ignored
+    idx.apply_removed("nobody", [1])  # unknown replica: ignored
+    assert idx.match([1, 2, 3]) == {"r1": 2, "r2": 3}
+    assert idx.num_holders(1) == 2
+    assert idx.num_blocks("r0") == 3
+
+
+def test_cleared_and_removed_replica():
+    idx = make_index()
+    idx.apply_cleared("r2")
+    assert idx.match([1, 2, 3, 4, 5]) == {"r0": 4, "r1": 2}
+    assert idx.replicas() == ["r0", "r1", "r2"]
+    assert idx.num_blocks("r2") == 0
+    idx.remove_replica("r0")
+    assert idx.replicas() == ["r1", "r2"]
+    assert idx.match([1, 2, 3]) == {"r1": 2}
+    assert idx.num_holders(3) == 0
+
+
+def test_restore_after_clear():
+    idx = make_index()
+    idx.apply_cleared("r1")
+    idx.apply_stored("r1", [1, 2, 3])
+    assert idx.match([1, 2, 3, 4]) == {"r0": 4, "r1": 3, "r2": 4}
+
+
+def test_fanout_marks_shared_heads():
+    idx = PrefixIndex(fanout_cap=3)
+    for conv in range(5):  # five conversations continue block 1 differently
+        idx.apply_stored("r0", [1, 10 + conv, 20 + conv])
+    idx.apply_stored("r1", [30, 31], parent=20)  # continuation events with a parent
+    idx.apply_stored("r1", [32], parent=20)
+    assert idx.fanout(1) == 3  # capped
+    assert idx.fanout(10) == 1 and idx.fanout(20) == 2 and idx.fanout(31) == 0
+    assert idx.shared_prefix_len([1, 10, 20], min_fanout=3) == 1
+    assert idx.shared_prefix_len([1, 10, 20, 30, 31], min_fanout=1) == 4
+    assert idx.shared_prefix_len([7, 1], min_fanout=1) == 0
+    idx.remove_replica("r0")  # blocks only r0 held are gone, with their fan-out
+    assert idx.fanout(1) == 0 and idx.fanout(20) == 0 and idx.fanout(30) == 1

@@ -1,0 +1,46 @@
+import pytest
+
+from routing.session_pins import SessionPins
+
+
+def test_pin_and_get():
+    pins = SessionPins(ttl_s=10)
+    assert pins.get("s", now=0) is None
+    assert pins.pin("s", "r1", now=0) is False
+    assert pins.get("s", now=5) == "r1"
+
+
+def test_ttl_expiry_and_refresh_on_read():
+    pins = SessionPins(ttl_s=10)
+    pins.pin("s", "r1", now=0)
+    assert pins.get("s", now=9) == "r1"  # refreshed: now expires at 19
+    assert pins.get("s", now=18) == "r1"  # refreshed: now expires at 28
+    assert pins.get("s", now=28) is None
+    assert len(pins) == 0
+
+
+def test_repin_is_counted_only_when_a_live_pin_moves():
+    pins = SessionPins(ttl_s=10)
+    pins.pin("s", "r1", now=0)
+    assert pins.pin("s", "r1", now=1) is False
+    assert pins.pin("s", "r2", now=2) is True
+    assert pins.repins == 1
+    assert pins.pin("s", "r3", now=100) is False  # the old pin had expired
+    assert pins.repins == 1
+    assert pins.get("s", now=101) == "r3"
+
+
+def test_expire_and_forget_replica():
+    pins = SessionPins(ttl_s=10)
+    pins.pin("a", "r1", now=0)
+    pins.pin("b", "r2", now=5)
+    pins.pin("c", "r2", now=5)
+    assert pins.expire(now=12) == 1
+    assert pins.get("a", now=12) is None
+    assert pins.forget_replica("r2") == 2
+    assert pins.get("b", now=12) is None and len(pins) == 0
+
+
+def test_ttl_must_be_positive():
+    with pytest.raises(ValueError):
+        SessionPins(ttl_s=0)
