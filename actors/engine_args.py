@@ -31,6 +31,10 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
         "enforce_eager": True,
         "disable_log_stats": True,
     }
+    if pool.kv_cache_gb is not None:
+        # A fixed size also skips the CPU backend's check that 92% of the
+        # node's memory is free, which fails with several engines per node.
+        kwargs["kv_cache_memory_bytes"] = int(pool.kv_cache_gb * 2**30)
     kwargs.update(pool.engine_args)
     if role in _KV_ROLE:
         kwargs["kv_transfer_config"] = {

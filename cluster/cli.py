@@ -37,8 +37,13 @@ def cmd_up(args) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         stack.up()
+        # ray.init installs its own SIGTERM handler; ours must win so that
+        # everything `up` started is stopped in order.
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         url = f"http://{cfg.serve.host}:{cfg.serve.port}"
         mode = "colocated" if cfg.colocated else "disaggregated prefill/decode"
         print(f"\nBaton is ready at {url} ({mode}, model {cfg.model.served_name}). Ctrl-C stops it.")
@@ -54,6 +59,7 @@ def cmd_up(args) -> int:
         pass
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("\nstopping baton ...", flush=True)
         stack.down()
         print("stopped.", flush=True)
@@ -71,7 +77,7 @@ def cmd_down(args) -> int:
     state = json.loads(path.read_text())
     pid = state["pid"]
     if pid_alive(pid):
-        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 60
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -69,8 +69,9 @@ class PoolConfig(_Strict):
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="extra vLLM AsyncEngineArgs for this pool's engines"
     )
-    cpu_kv_cache_gb: float = Field(
-        1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE for CPU engines (GiB)"
+    kv_cache_gb: float | None = Field(
+        1.0, gt=0,
+        description="KV cache per engine in GiB; null sizes it from gpu_memory_utilization",
     )
     max_ongoing_requests: int = Field(64, ge=1, description="Serve concurrency cap per replica")
 

@@ -7,6 +7,7 @@ its own protocol. Probing changes nothing.
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from dataclasses import asdict, dataclass
 
@@ -51,6 +52,8 @@ def _http(url: str) -> Component:
 
 
 def _serve(address: str) -> list[Component]:
+    # `baton up` started Ray with token auth (Ray's default); use its token.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
     from ray import serve
 
@@ -59,13 +62,11 @@ def _serve(address: str) -> list[Component]:
         app = serve.status().applications.get("baton")
     except Exception as exc:  # noqa: BLE001
         return [Component("ray", "down", str(exc))]
-    finally:
-        pass
     out = [Component("ray", "healthy", address)]
     if app is None:
         return out + [Component("serve", "down", "app 'baton' not deployed")]
     for name, dep in app.deployments.items():
-        counts = ", ".join(f"{k.value.lower()} {v}" for k, v in dep.replica_states.items())
+        counts = ", ".join(f"{str(getattr(k, 'value', k)).lower()} {v}" for k, v in dep.replica_states.items())
         state = "healthy" if dep.status.value == "HEALTHY" else "degraded"
         out.append(Component(f"pool:{name}", state, counts))
     ray.shutdown()

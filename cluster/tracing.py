@@ -78,6 +78,11 @@ def tracer():
     return trace.get_tracer("baton")
 
 
+def context_of(span):
+    """An OTel context whose current span is `span`."""
+    return trace.set_span_in_context(span)
+
+
 def inject() -> dict[str, str]:
     """The current span's context as a carrier dict for a remote call."""
     carrier: dict[str, str] = {}

@@ -19,16 +19,13 @@ from deployments.ingress import Ingress
 APP_NAME = "baton"
 
 
-def _engine_env(pool: PoolConfig, mooncake_config: Path | None) -> dict[str, str]:
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(pool.cpu_kv_cache_gb)}
-    if mooncake_config is not None:
-        env["MOONCAKE_CONFIG_PATH"] = str(mooncake_config)
-    return env
+def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
+    return {"MOONCAKE_CONFIG_PATH": str(mooncake_config)} if mooncake_config else {}
 
 
 def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None):
     options = pool.resources.ray_actor_options()
-    options["runtime_env"] = {"env_vars": _engine_env(pool, mooncake_config)}
+    options["runtime_env"] = {"env_vars": _engine_env(mooncake_config)}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineServer).options(
         name=name,

@@ -127,7 +127,8 @@ class Ingress:
         span = tracing.tracer().start_span("ingress")
         span.set_attribute("baton.request_id", request_id)
         span.set_attribute("baton.prompt_tokens", len(ereq.prompt_token_ids))
-        out = render.Completion(kind, request_id, self.model, len(ereq.prompt_token_ids))
+        out = render.Completion(kind, request_id, self.model, len(ereq.prompt_token_ids),
+                                return_token_ids=req.return_token_ids)
         try:
             chunks = await self._start(ereq, span, deadline)
             first = await self._next(chunks, deadline)
@@ -150,7 +151,7 @@ class Ingress:
 
     async def _start(self, ereq: EngineRequest, span, deadline: float):
         """Runs prefill (unless colocated) and opens the decode stream."""
-        with tracing.tracer().start_as_current_span("dispatch", context=tracing.trace.set_span_in_context(span)):
+        with tracing.tracer().start_as_current_span("dispatch", context=tracing.context_of(span)):
             ereq.trace_context = tracing.inject()
             if self.prefill is not None:
                 await asyncio.wait_for(self.prefill.prefill.remote(ereq), deadline - time.monotonic())

@@ -31,11 +31,14 @@ class Completion:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    return_token_ids: bool = False
 
     def add(self, chunk: EngineChunk) -> None:
         """Folds one engine delta into the totals."""
         self.text += chunk.text
         self.completion_tokens += len(chunk.token_ids)
+        self.token_ids.extend(chunk.token_ids)
         self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
@@ -60,6 +63,8 @@ class Completion:
             choice = {"index": 0, "text": self.text, "logprobs": None,
                       "finish_reason": self.finish_reason}
             body = self._envelope("text_completion")
+        if self.return_token_ids:
+            choice["token_ids"] = self.token_ids
         return {**body, "choices": [choice], "usage": self.usage()}
 
     def first_event(self) -> bytes | None:
@@ -75,9 +80,13 @@ class Completion:
             delta = {"content": chunk.text} if chunk.text else {}
             choice = {"index": 0, "delta": delta, "logprobs": None,
                       "finish_reason": chunk.finish_reason}
+            if self.return_token_ids:
+                choice["token_ids"] = chunk.token_ids
             return sse({**self._envelope("chat.completion.chunk"), "choices": [choice]})
         choice = {"index": 0, "text": chunk.text, "logprobs": None,
                   "finish_reason": chunk.finish_reason}
+        if self.return_token_ids:
+            choice["token_ids"] = chunk.token_ids
         return sse({**self._envelope("text_completion"), "choices": [choice]})
 
     def usage_event(self) -> bytes:

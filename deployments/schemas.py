@@ -67,6 +67,7 @@ class _Sampling(_Request):
     user: str | None = None
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
+    return_token_ids: bool = Field(False, description="Baton extension: add `token_ids` to choices")
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

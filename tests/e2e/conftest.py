@@ -1,0 +1,37 @@
+"""One real Baton stack (Redis, Mooncake, Ray, vLLM) shared by all e2e tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.stack import REPO, Stack, write_config
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("baton")
+    s = Stack(write_config(workdir))
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def reference(stack):
+    """Greedy tokens of a plain colocated vLLM engine on the same prompts."""
+    out = subprocess.run([sys.executable, "-m", "tests.e2e.reference", str(stack.config)],
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(l for l in out.stdout.splitlines() if l.startswith("REFERENCE_JSON "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+@pytest.fixture(scope="session")
+def client(stack):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -1,0 +1,101 @@
+"""Runs `baton up` as a subprocess on free loopback ports for the e2e tests.
+
+The stack is what `make serve` starts, with its own state directory and
+ports, so it never touches another running Baton. Stopping it sends SIGTERM
+to the `baton up` PID it started and waits for everything to exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BATON = Path(sys.executable).parent / "baton"
+READY_TIMEOUT_S = 600
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def write_config(workdir: Path, **overrides) -> Path:
+    p = free_ports(7)
+    cfg = {
+        "state_dir": str(workdir / "state"),
+        "serve": {"port": p[0]},
+        "redis": {"url": f"redis://127.0.0.1:{p[1]}/0"},
+        "mooncake": {"master_port": p[2], "metadata_port": p[3], "master_metrics_port": p[4],
+                     "store_port": p[5], "store_http_port": p[6]},
+        "tracing": {"exporter": "file", "file": str(workdir / "traces.jsonl")},
+    }
+    for key, value in overrides.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    path = workdir / "baton.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Stack:
+    def __init__(self, config: Path):
+        self.config = config
+        self.cfg = yaml.safe_load(config.read_text())
+        self.url = f"http://127.0.0.1:{self.cfg['serve']['port']}"
+        self.log = config.parent / "baton-up.log"
+        self.proc: subprocess.Popen | None = None
+        self.children: dict[str, int] = {}
+
+    def baton(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BATON), "--config", str(self.config), *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    def start(self) -> None:
+        """Starts `baton up`; returns once it printed its ready line."""
+        out = open(self.log, "w")
+        self.proc = subprocess.Popen([str(BATON), "--config", str(self.config), "up"],
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"baton up exited with {self.proc.returncode}:\n{self.tail()}")
+            if "Baton is ready" in self.log.read_text(errors="replace"):
+                state = Path(self.cfg["state_dir"]) / "state.json"
+                self.children = json.loads(state.read_text())["children"]
+                return
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"baton up not ready in {READY_TIMEOUT_S}s:\n{self.tail()}")
+
+    def stop(self, timeout: float = 120) -> int | None:
+        """SIGTERM to `baton up`, as Ctrl-C would; returns its exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""

@@ -1,0 +1,62 @@
+"""Config loading: defaults, YAML, env overrides, and errors naming field and file."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.config import ConfigError, load_config
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "baton.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_a_disaggregated_local_stack():
+    cfg = load_config(None, environ={})
+    assert not cfg.colocated
+    assert cfg.prefill.replicas == cfg.decode.replicas == 1
+    assert cfg.serve.host == "127.0.0.1"
+
+
+def test_yaml_and_env_overrides(tmp_path):
+    path = write(tmp_path, "decode:\n  replicas: 3\n  resources: {accelerator_type: L4, resources: {decode: 1}}\n")
+    cfg = load_config(path, environ={"BATON__SERVE__PORT": "8123", "BATON__COLOCATED": "true"})
+    assert cfg.decode.replicas == 3
+    assert cfg.decode.resources.ray_actor_options() == {
+        "num_cpus": 0, "num_gpus": 0, "accelerator_type": "L4", "resources": {"decode": 1}}
+    assert cfg.serve.port == 8123 and cfg.colocated is True
+
+
+@pytest.mark.parametrize("text, field", [
+    ("prefill:\n  replicas: 0\n", "prefill.replicas"),
+    ("decode:\n  replica: 2\n", "decode.replica"),
+    ("serve:\n  port: http\n", "serve.port"),
+    ("tracing:\n  exporter: jaeger\n", "tracing.exporter"),
+    ("mooncake:\n  master_port: 8000\n", "mooncake.master_port"),
+])
+def test_bad_field_is_named_with_the_file(tmp_path, text, field):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, environ={})
+    assert field in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_bad_env_override_is_named(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, environ={"BATON__DECODE__REPLICAS": "-1"})
+    assert "decode.replicas" in str(exc.value) and "BATON__" in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["prefill: [1, 2\n", "- just\n- a list\n"])
+def test_malformed_yaml_is_one_clear_error(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, environ={})
+    assert str(path) in str(exc.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml", environ={})
