@@ -110,6 +110,7 @@ class Ingress:
         sampling = SamplingSpec(
             max_tokens=budget if budget is not None else limit - len(ids),
             temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop_list(),
+            ignore_eos=req.ignore_eos,
         )
         return EngineRequest(request_id, ids, sampling, cache_salt=tenant)
 
@@ -120,7 +121,7 @@ class Ingress:
         req = parse(schema, await request.body())
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         ereq = self._engine_request(req, request_id, self._tenant(request))
-        headers = {"x-request-id": request_id}
+        headers = {"x-baton-request-id": request_id}
         if session := request.headers.get(SESSION_HEADER):
             headers[SESSION_HEADER] = session
         deadline = time.monotonic() + self.cfg.serve.request_timeout_s

@@ -68,6 +68,7 @@ class _Sampling(_Request):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     return_token_ids: bool = Field(False, description="Baton extension: add `token_ids` to choices")
+    ignore_eos: bool = Field(False, description="vLLM extension: generate exactly max_tokens")
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

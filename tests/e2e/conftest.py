@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from tests.e2e.stack import REPO, Stack, write_config
+from cluster.stack_process import REPO, StackProcess, write_config
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("baton")
-    s = Stack(write_config(workdir))
+    s = StackProcess(write_config(workdir))
     s.start()
     yield s
     s.stop()

@@ -1,8 +1,9 @@
-"""Runs `baton up` as a subprocess on free loopback ports for the e2e tests.
+"""Runs `baton up` as a subprocess on free loopback ports.
 
-The stack is what `make serve` starts, with its own state directory and
-ports, so it never touches another running Baton. Stopping it sends SIGTERM
-to the `baton up` PID it started and waits for everything to exit.
+Used by the e2e tests, the benchmarks and the notebooks. The stack is what
+`make serve` starts, with its own state directory and ports, so it never
+touches another running Baton. Stopping it sends SIGTERM to the `baton up`
+PID it started and waits for everything to exit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BATON = Path(sys.executable).parent / "baton"
 READY_TIMEOUT_S = 600
 
@@ -35,6 +36,24 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def port_ready(host: str, port: int, proc: subprocess.Popen, timeout: float, path: str = "/health") -> None:
+    """Waits until http://host:port{path} answers 200; raises if `proc` exits first."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {host}:{port} was ready")
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as r:  # noqa: S310
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{host}:{port}{path} not ready in {timeout:.0f}s")
+
+
 def write_config(workdir: Path, **overrides) -> Path:
     p = free_ports(7)
     cfg = {
@@ -47,12 +66,13 @@ def write_config(workdir: Path, **overrides) -> Path:
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "baton.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-class Stack:
+class StackProcess:
     def __init__(self, config: Path):
         self.config = config
         self.cfg = yaml.safe_load(config.read_text())

@@ -1,0 +1,153 @@
+"""`baton bench serve`: Baton (disaggregated, colocated) against `vllm serve`.
+
+One run starts each system in turn on the same model and loopback ports,
+sends the same workload (N concurrent streaming chat requests with fixed
+input and output lengths), stops it, and prints one JSON line with
+requests/s, TTFT p50/p99 and TPOT p50 per system plus ratios to `vllm serve`.
+Absolute numbers on a shared 2-core machine mean little; the ratios, measured
+in the same run, are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from cluster.config import load_config
+from cluster.stack_process import REPO, StackProcess, free_ports, port_ready, write_config
+
+CORPUS = (REPO / "cluster" / "assets" / "corpus.txt").read_text().split()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def workload(n: int, input_words: int) -> list[list[dict]]:
+    """n chat prompts of the same length; each opens with its own number."""
+    return [[{"role": "user", "content": f"Request {i}. " + " ".join(
+        CORPUS[(i * 7 + j) % len(CORPUS)] for j in range(input_words))}] for i in range(n)]
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, messages, max_tokens: int) -> dict:
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                tokens += 1
+    ttft = (first or time.perf_counter()) - start
+    tpot = (last - first) / (tokens - 1) if tokens > 1 and first and last else float("nan")
+    return {"ttft": ttft, "tpot": tpot, "chunks": tokens}
+
+
+async def run_load(url: str, model: str, prompts, concurrency: int, max_tokens: int, label: str) -> dict:
+    sem = asyncio.Semaphore(concurrency)
+    done = 0
+    results: list[dict] = []
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        async def task(messages):
+            nonlocal done
+            async with sem:
+                results.append(await _one(client, url, model, messages, max_tokens))
+            done += 1
+            print(f"\r  {label}: {done}/{len(prompts)} requests", end="", file=sys.stderr, flush=True)
+
+        await _one(client, url, model, prompts[0], 2)  # warm-up, not counted
+        start = time.perf_counter()
+        await asyncio.gather(*(task(m) for m in prompts))
+        wall = time.perf_counter() - start
+    print(file=sys.stderr)
+    ttfts = [r["ttft"] for r in results]
+    tpots = [r["tpot"] for r in results if r["tpot"] == r["tpot"]]
+    return {"requests_per_s": len(results) / wall, "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p99_s": percentile(ttfts, 99), "tpot_p50_s": percentile(tpots, 50)}
+
+
+def _baton(workdir: Path, colocated: bool, label: str, args) -> dict:
+    stack = StackProcess(write_config(workdir / label, colocated=colocated,
+                                      tracing={"exporter": "none"}))
+    print(f"starting {label} ...", file=sys.stderr, flush=True)
+    stack.start()
+    try:
+        return asyncio.run(run_load(stack.url, "baton-tiny", workload(args.requests, args.input_words),
+                                    args.concurrency, args.output_tokens, label))
+    finally:
+        stack.stop()
+
+
+def _vllm_serve(workdir: Path, args) -> dict:
+    cfg = load_config(None, environ={})
+    port = free_ports(1)[0]
+    argv = [str(Path(sys.executable).parent / "vllm"), "serve", str(cfg.model.resolved_path()),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "baton-tiny",
+            "--dtype", cfg.model.dtype, "--block-size", str(cfg.model.block_size),
+            "--max-model-len", str(cfg.model.max_model_len), "--enforce-eager",
+            "--kv-cache-memory-bytes", str(int((cfg.decode.kv_cache_gb or 1) * 2**30))]
+    log = open(workdir / "vllm-serve.log", "w")
+    print("starting vllm serve ...", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        port_ready("127.0.0.1", port, proc, timeout=600, path="/health")
+        return asyncio.run(run_load(f"http://127.0.0.1:{port}", "baton-tiny",
+                                    workload(args.requests, args.input_words), args.concurrency,
+                                    args.output_tokens, "vllm serve"))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="baton bench serve", description=__doc__)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--input-words", type=int, default=300, help="about 1.3 tokens per word")
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--systems", default="disaggregated,colocated,vllm_serve")
+    args = parser.parse_args(argv)
+    systems = args.systems.split(",")
+    out: dict = {"workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_words", "output_tokens")}}
+    with tempfile.TemporaryDirectory(prefix="baton-bench-") as tmp:
+        workdir = Path(tmp)
+        if "disaggregated" in systems:
+            out["baton_disaggregated"] = _baton(workdir, False, "baton_disaggregated", args)
+        if "colocated" in systems:
+            out["baton_colocated"] = _baton(workdir, True, "baton_colocated", args)
+        if "vllm_serve" in systems:
+            out["vllm_serve"] = _vllm_serve(workdir, args)
+    if "vllm_serve" in out:
+        base = out["vllm_serve"]
+        out["ratios_to_vllm_serve"] = {
+            name: {k: round(v / base[k], 3) for k, v in res.items() if base.get(k)}
+            for name, res in out.items() if name.startswith("baton_")}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
