@@ -74,8 +74,7 @@ class LocalStack:
                 for key, amount in pool.resources.resources.items():
                     resources[key] = resources.get(key, 0) + amount * pool.replicas
             ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
-                     include_dashboard=False, namespace="baton", logging_level="WARNING",
-                     _node_ip_address="127.0.0.1")
+                     include_dashboard=False, namespace="baton", logging_level="WARNING")
         self.ray_started = True
 
     def _serve(self, worker_cfg: Path) -> None:

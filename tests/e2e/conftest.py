@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
+from cluster.processes import pid_alive
 from cluster.stack_process import REPO, StackProcess, write_config
 
 
@@ -17,7 +19,11 @@ def stack(tmp_path_factory):
     s = StackProcess(write_config(workdir))
     s.start()
     yield s
-    s.stop()
+    # Ctrl-C/SIGTERM must leave nothing behind: `up` exits 0 and every
+    # child it started (Redis, Mooncake master and store) is gone.
+    assert s.stop() == 0, s.tail()
+    time.sleep(1)
+    assert [n for n, pid in s.children.items() if pid_alive(pid)] == []
 
 
 @pytest.fixture(scope="session")
