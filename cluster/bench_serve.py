@@ -16,22 +16,14 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
+from cluster.bench_load import run_async
 from cluster.config import load_config
+from cluster.loadgen import CHAT, RequestSpec
 from cluster.stack_process import REPO, StackProcess, free_ports, port_ready, write_config
 
 CORPUS = (REPO / "cluster" / "assets" / "corpus.txt").read_text().split()
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
 def workload(n: int, input_words: int) -> list[list[dict]]:
@@ -40,50 +32,20 @@ def workload(n: int, input_words: int) -> list[list[dict]]:
         CORPUS[(i * 7 + j) % len(CORPUS)] for j in range(input_words))}] for i in range(n)]
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, messages, max_tokens: int) -> dict:
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "ignore_eos": True}
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-                tokens += 1
-    ttft = (first or time.perf_counter()) - start
-    tpot = (last - first) / (tokens - 1) if tokens > 1 and first and last else float("nan")
-    return {"ttft": ttft, "tpot": tpot, "chunks": tokens}
+def _specs(prompts, max_tokens: int) -> list[RequestSpec]:
+    return [RequestSpec(index=i, at_s=0.0, endpoint=CHAT, output_tokens=max_tokens,
+                        body={"messages": m, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+            for i, m in enumerate(prompts)]
 
 
 async def run_load(url: str, model: str, prompts, concurrency: int, max_tokens: int, label: str) -> dict:
-    sem = asyncio.Semaphore(concurrency)
-    done = 0
-    results: list[dict] = []
-
-    async with httpx.AsyncClient(timeout=600) as client:
-        async def task(messages):
-            nonlocal done
-            async with sem:
-                results.append(await _one(client, url, model, messages, max_tokens))
-            done += 1
-            print(f"\r  {label}: {done}/{len(prompts)} requests", end="", file=sys.stderr, flush=True)
-
-        await _one(client, url, model, prompts[0], 2)  # warm-up, not counted
-        start = time.perf_counter()
-        await asyncio.gather(*(task(m) for m in prompts))
-        wall = time.perf_counter() - start
-    print(file=sys.stderr)
-    ttfts = [r["ttft"] for r in results]
-    tpots = [r["tpot"] for r in results if r["tpot"] == r["tpot"]]
-    return {"requests_per_s": len(results) / wall, "ttft_p50_s": percentile(ttfts, 50),
-            "ttft_p99_s": percentile(ttfts, 99), "tpot_p50_s": percentile(tpots, 50)}
+    """Closed loop: ``concurrency`` clients send ``prompts``, after one uncounted warm-up request."""
+    await run_async(url, _specs(prompts[:1], 2), model=model, progress=False, timeout_s=600)
+    results, summary = await run_async(url, _specs(prompts, max_tokens), model=model, concurrency=concurrency,
+                                       timeout_s=600, label=f"  {label}")
+    if failed := [r for r in results if r.error]:
+        raise RuntimeError(f"{label}: {len(failed)}/{len(results)} requests failed, first: {failed[0].error}")
+    return {k: summary[k] for k in ("requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s")}
 
 
 def _baton(workdir: Path, colocated: bool, label: str, args) -> dict:

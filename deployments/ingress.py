@@ -130,21 +130,24 @@ class Ingress:
         span.set_attribute("baton.prompt_tokens", len(ereq.prompt_token_ids))
         out = render.Completion(kind, request_id, self.model, len(ereq.prompt_token_ids),
                                 return_token_ids=req.return_token_ids)
+        chunks = None
         try:
             chunks = await self._start(ereq, span, deadline)
             first = await self._next(chunks, deadline)
+            while not req.stream and first is not None:
+                out.add(first)
+                first = await self._next(chunks, deadline)
         except BaseException as exc:
+            # Client gone, timeout or engine failure before the response
+            # started: stop the engine work and answer (or re-raise) cleanly.
+            if chunks is not None:
+                chunks.cancel()
             span.end()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             raise _upstream_error(exc) from None
         if not req.stream:
-            try:
-                while first is not None:
-                    out.add(first)
-                    first = await self._next(chunks, deadline)
-            except BaseException as exc:
-                raise _upstream_error(exc) from None
-            finally:
-                span.end()
+            span.end()
             return JSONResponse(out.response(), headers=headers)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         body = self._stream(out, first, chunks, deadline, include_usage, span)
