@@ -106,14 +106,17 @@ def cmd_model(args) -> int:
     return tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
 
 
+BENCHES = {
+    "serve": "cluster.bench_serve",
+    "load": "cluster.bench_load",
+    "router": "routing.bench_router",
+}
+
+
 def cmd_bench(args) -> int:
-    if args.what == "serve":
-        from cluster import bench_serve
+    import importlib
 
-        return bench_serve.main(args.rest)
-    from routing import bench_router
-
-    return bench_router.main(args.rest)
+    return importlib.import_module(BENCHES[args.what]).main(args.rest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     md = sub.add_parser("model", help="generate the default tiny model")
     md.add_argument("--force", action="store_true")
     md.set_defaults(fn=cmd_model)
-    bench = sub.add_parser("bench", help="benchmarks: serve, router")
-    bench.add_argument("what", choices=["serve", "router"])
+    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
+    bench.add_argument("what", choices=list(BENCHES))
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(fn=cmd_bench)
     args = parser.parse_args(argv)
