@@ -30,7 +30,7 @@ from typing import Sequence
 import httpx
 
 from cluster import loadgen
-from cluster.loadgen import CHAT, RequestResult, RequestSpec
+from cluster.loadgen import RequestResult, RequestSpec
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_conversation_trace.jsonl"
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -158,10 +158,10 @@ async def run_async(url: str, specs: Sequence[RequestSpec], *, model: str = "bat
             result.error = f"timeout after {timeout_s:g}s"
         except Exception as exc:  # noqa: BLE001 - every failure becomes a result
             result.error = f"{type(exc).__name__}: {exc}"[:300]
-        finally:
-            if spec.chat_history and result.error:
-                conversations.pop(spec.session_id, None)
+        finally:  # also on cancellation, so that later turns never wait forever
             if spec.chat_history:
+                if result.error:
+                    conversations.pop(spec.session_id, None)
                 turn_done[(spec.session_id, spec.turn)].set()
         results[spec.index] = result
         bar.update()

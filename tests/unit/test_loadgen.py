@@ -1,6 +1,7 @@
 """The load generator: workloads and statistics (pure), and the driver against
 a fake OpenAI endpoint that streams SSE from a thread on 127.0.0.1."""
 
+import asyncio
 import csv
 import json
 import math
@@ -10,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from cluster import bench_load, loadgen
+from cluster import bench_load, bench_serve, loadgen
 from cluster.loadgen import CHAT, COMPLETIONS, SESSION_HEADER, RequestResult, RequestSpec
 
 # -- arrivals and sessions --------------------------------------------------------
@@ -187,8 +188,8 @@ def test_bench_load_replays_a_trace_and_writes_json_and_csv(fake_server, tmp_pat
     with_header = sorted((h[SESSION_HEADER], len(b["prompt"])) for _, h, b, _ in seen if SESSION_HEADER in h)
     assert len(with_header) == 2 and with_header[0][0] == with_header[1][0]   # A and B, one id
     assert [n for _, n in with_header] == [32, 48]                            # C and D send none
-    assert all(body["stream"] and body["stream_options"] == {"include_usage": True} and body["model"] == "baton-tiny"
-               for _, _, body, _ in seen)
+    assert all(b["stream"] and b["stream_options"] == {"include_usage": True} and b["model"] == "baton-tiny"
+               for _, _, b, _ in seen)
     saved = json.loads(out_json.read_text())
     assert saved["summary"]["completed"] == 4 and len(saved["requests"]) == 4
     rows = list(csv.DictReader(out_csv.open()))
@@ -225,3 +226,23 @@ def test_errors_timeouts_and_the_deadline_become_results(fake_server):
     assert results[2].error == "timeout after 0.5s"
     assert "deadline" in results[3].error and math.isnan(results[3].ttft_s)
     assert (summary["completed"], summary["errors"]) == (1, 3)
+
+
+def test_bench_serve_measures_through_the_driver_after_an_uncounted_warm_up(fake_server):
+    url, seen = fake_server
+    out = asyncio.run(bench_serve.run_load(url, "baton-tiny", bench_serve.workload(4, 10), 2, 5, "fake"))
+    assert set(out) == {"requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s"}
+    assert out["requests_per_s"] > 0 and 0.02 <= out["ttft_p50_s"] <= out["ttft_p99_s"] and out["tpot_p50_s"] > 0
+    assert [b["max_tokens"] for _, _, b, _ in seen] == [2, 5, 5, 5, 5]
+    assert all(p == "/v1/chat/completions" and b["ignore_eos"] for p, _, b, _ in seen)
+
+
+def test_run_works_inside_a_running_event_loop(fake_server):
+    url, _ = fake_server
+    specs = loadgen.synthetic_workload("decode-heavy", 2, seed=0, input_tokens=4, output_tokens=3)
+
+    async def notebook_cell():
+        return bench_load.run(url, specs, progress=False)
+
+    results, summary = asyncio.run(notebook_cell())
+    assert summary["completed"] == 2 and [r.output_tokens for r in results] == [3, 3]
