@@ -61,12 +61,23 @@ def validate(cfg: BatonConfig, source: str) -> None:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: not a vLLM engine argument")
 
 
-def build(cfg: BatonConfig, role: Role):
-    """A vLLM AsyncEngineArgs for `role`."""
-    from vllm.config import KVTransferConfig
+def build(cfg: BatonConfig, role: Role, topic: str | None = None):
+    """A vLLM AsyncEngineArgs for `role`.
+
+    With a `topic` (the replica id), the engine publishes its KV events to
+    the KV indexer's socket under that topic. A non-wildcard endpoint makes
+    vLLM's publisher connect rather than bind, so one indexer receives from
+    every engine, wherever it runs.
+    """
+    from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     kwargs = engine_kwargs(cfg, role)
     if "kv_transfer_config" in kwargs:
         kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+    if topic:
+        r = cfg.routing
+        kwargs["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq",
+            endpoint=f"tcp://{r.events_host}:{r.events_port}", topic=topic)
     return AsyncEngineArgs(**kwargs)

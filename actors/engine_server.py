@@ -18,6 +18,7 @@ from actors import engine_args
 from actors.coalesce import coalesce
 from actors.protocol import EngineChunk, EngineRequest, PrefillResult, SamplingSpec
 from cluster import tracing
+from actors.heartbeat import Heartbeat
 from cluster.config import REPO_ROOT, BatonConfig
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
@@ -47,12 +48,16 @@ class EngineServer:
 
         self.cfg = BatonConfig.model_validate(cfg)
         self.role = role
+        self.pool = "prefill" if role == "prefill" else "decode"
         tracing.setup(self.cfg.tracing, f"baton-{role}", REPO_ROOT)
-        args = engine_args.build(self.cfg, role)
+        self.replica = self._replica_id()
+        args = engine_args.build(self.cfg, role, topic=self.replica)
         if role == "prefill":
             args.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         self.engine = AsyncLLM.from_engine_args(args)
-        self.replica = self._replica_id()
+        self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
+            "capacity_blocks": self.engine.vllm_config.cache_config.num_gpu_blocks or 0,
+        })
 
     @staticmethod
     def _replica_id() -> str:
@@ -145,6 +150,9 @@ class EngineServer:
             raise RuntimeError(f"engine of {self.role} replica {self.replica} is dead")
 
     def __del__(self):
+        heartbeat = getattr(self, "heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.stop()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()

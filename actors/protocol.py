@@ -26,6 +26,8 @@ class EngineRequest:
     sampling: SamplingSpec
     cache_salt: str | None = None
     trace_context: dict[str, str] = field(default_factory=dict)
+    # Replica id chosen by Baton's router; read by deployments/replica_router.py.
+    target_replica: str | None = None
 
 
 @dataclass

@@ -103,6 +103,9 @@ class ServeConfig(_Strict):
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="API key -> tenant; empty disables auth"
     )
+    anonymous_tenant: str | None = Field(
+        None, description="tenant of requests without a key when api_keys is set; null answers 401"
+    )
 
 
 class TracingConfig(_Strict):
@@ -111,6 +114,25 @@ class TracingConfig(_Strict):
     )
     file: str = Field(".baton/traces.jsonl", description="span file for exporter=file")
     otlp_endpoint: str = Field("http://127.0.0.1:4317", description="OTLP gRPC endpoint")
+
+
+class RoutingConfig(_Strict):
+    policy: Literal["baton", "round_robin"] = Field(
+        "baton", description="baton: session pins + exact prefix index + load; round_robin: for comparisons"
+    )
+    pin_ttl_s: float = Field(600, gt=0, description="session pin lifetime in Redis, refreshed on use")
+    decode_only_max_uncached_tokens: int = Field(
+        64, ge=0, description="run decode-only when the decode replica lacks fewer prompt tokens than this"
+    )
+    events_host: str = Field(
+        "127.0.0.1", description="address the KV indexer binds; engines publish KV events to it"
+    )
+    events_port: int = Field(5557, gt=0, lt=65536, description="port the KV indexer binds")
+    heartbeat_s: float = Field(2.0, gt=0, description="engine replicas refresh their registry entry this often")
+    replica_timeout_s: float = Field(
+        6.0, gt=0, description="a replica whose heartbeat is older than this is treated as dead"
+    )
+    seed: int = Field(0, description="seed of the policy's power-of-two draws")
 
 
 class RayConfig(_Strict):
@@ -129,6 +151,7 @@ class BatonConfig(_Strict):
     redis: RedisConfig = Field(default_factory=RedisConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
 
@@ -142,6 +165,7 @@ class BatonConfig(_Strict):
             "mooncake.master_metrics_port": m.master_metrics_port,
             "mooncake.store_port": m.store_port,
             "mooncake.store_http_port": m.store_http_port,
+            "routing.events_port": self.routing.events_port,
         }
         seen: dict[int, str] = {}
         for name, port in ports.items():

@@ -55,7 +55,7 @@ def port_ready(host: str, port: int, proc: subprocess.Popen, timeout: float, pat
 
 
 def write_config(workdir: Path, **overrides) -> Path:
-    p = free_ports(7)
+    p = free_ports(8)
     cfg = {
         "state_dir": str(workdir / "state"),
         "serve": {"port": p[0]},
@@ -63,6 +63,7 @@ def write_config(workdir: Path, **overrides) -> Path:
         "mooncake": {"master_port": p[2], "metadata_port": p[3], "master_metrics_port": p[4],
                      "store_port": p[5], "store_http_port": p[6]},
         "tracing": {"exporter": "file", "file": str(workdir / "traces.jsonl")},
+        "routing": {"events_port": p[7]},
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value

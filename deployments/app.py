@@ -11,10 +11,13 @@ from pathlib import Path
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from actors.engine_server import EngineServer
 from cluster.config import BatonConfig, PoolConfig
+from deployments import replica_router
 from deployments.ingress import Ingress
+from deployments.kv_indexer import KVIndexer
 
 APP_NAME = "baton"
 
@@ -29,6 +32,7 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineServer).options(
         name=name,
+        request_router_config=RequestRouterConfig(request_router_class=replica_router.PATH),
         num_replicas=pool.replicas,
         ray_actor_options=options,
         max_ongoing_requests=pool.max_ongoing_requests,
@@ -46,4 +50,5 @@ def build_app(cfg: BatonConfig, mooncake_config: Path | None) -> Application:
     else:
         prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config)
         decode = _pool(cfg, "decode", cfg.decode, mooncake_config)
-    return Ingress.bind(cfg.model_dump(), prefill, decode)
+    indexer = None if cfg.colocated else KVIndexer.bind(cfg.model_dump())
+    return Ingress.bind(cfg.model_dump(), prefill, decode, indexer)

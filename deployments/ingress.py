@@ -12,16 +12,20 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+import redis
+import redis.asyncio
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 
 from actors.protocol import EngineChunk, EngineRequest, SamplingSpec
 from cluster import tracing
 from cluster.config import REPO_ROOT, BatonConfig
 from deployments import render
+from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError, ChatCompletionRequest, CompletionRequest, parse
 
 DEFAULT_TENANT = "default"
@@ -53,12 +57,14 @@ def _upstream_error(exc: BaseException) -> APIError:
 @serve.deployment(name="ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, cfg: dict, prefill, decode):
+    def __init__(self, cfg: dict, prefill, decode, indexer=None):
         from transformers import AutoTokenizer
 
         self.cfg = BatonConfig.model_validate(cfg)
         tracing.setup(self.cfg.tracing, "baton-ingress", REPO_ROOT)
         self.prefill, self.decode = prefill, decode
+        self.indexer = indexer  # bound so Serve deploys it; the ingress only reads Redis
+        self.routing = RequestRouting(self.cfg, redis.asyncio.Redis.from_url(self.cfg.redis.url))
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.cfg.model.resolved_path()))
         self.model = self.cfg.model.served_name
 
@@ -70,6 +76,8 @@ class Ingress:
             return DEFAULT_TENANT
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token and self.cfg.serve.anonymous_tenant:
+            return self.cfg.serve.anonymous_tenant
         if token not in keys:
             raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
         return keys[token]
@@ -116,13 +124,24 @@ class Ingress:
 
     # -- the request path -----------------------------------------------------
 
+    async def _route(self, ids: list[int], tenant: str, session: str | None) -> Route:
+        if self.prefill is None:  # colocated: one pool, plain engines, Serve picks
+            return Route(None, None, True, "colocated", 0)
+        try:
+            return await self.routing.route(ids, tenant, session)
+        except redis.RedisError:
+            # Routing state unavailable: serve anyway, Serve picks replicas.
+            return Route(None, None, False, "fallback", 0)
+
     async def _run(self, request: Request, kind: str) -> JSONResponse | StreamingResponse:
         schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
         req = parse(schema, await request.body())
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        ereq = self._engine_request(req, request_id, self._tenant(request))
+        tenant = self._tenant(request)
+        ereq = self._engine_request(req, request_id, tenant)
+        session = request.headers.get(SESSION_HEADER)
         headers = {"x-baton-request-id": request_id}
-        if session := request.headers.get(SESSION_HEADER):
+        if session:
             headers[SESSION_HEADER] = session
         deadline = time.monotonic() + self.cfg.serve.request_timeout_s
         span = tracing.tracer().start_span("ingress")
@@ -130,9 +149,14 @@ class Ingress:
         span.set_attribute("baton.prompt_tokens", len(ereq.prompt_token_ids))
         out = render.Completion(kind, request_id, self.model, len(ereq.prompt_token_ids),
                                 return_token_ids=req.return_token_ids)
+        route = await self._route(ereq.prompt_token_ids, tenant, session)
+        span.set_attribute("baton.route", route.reason)
+        out.baton.update(route=route.reason, decode_only=route.decode_only,
+                         predicted_cached_tokens=route.predicted_cached_tokens)
+        self.routing.started(route)
         chunks = None
         try:
-            chunks = await self._start(ereq, span, deadline)
+            chunks = await self._start(ereq, route, out, span, deadline)
             first = await self._next(chunks, deadline)
             while not req.stream and first is not None:
                 out.add(first)
@@ -142,24 +166,40 @@ class Ingress:
             # started: stop the engine work and answer (or re-raise) cleanly.
             if chunks is not None:
                 chunks.cancel()
-            span.end()
+            self._done(route, out, span)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             raise _upstream_error(exc) from None
         if not req.stream:
-            span.end()
+            self._done(route, out, span)
             return JSONResponse(out.response(), headers=headers)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = self._stream(out, first, chunks, deadline, include_usage, span)
+        body = self._stream(out, first, chunks, deadline, include_usage, route, span)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
-    async def _start(self, ereq: EngineRequest, span, deadline: float):
-        """Runs prefill (unless colocated) and opens the decode stream."""
+    async def _start(self, ereq: EngineRequest, route: Route, out: render.Completion, span,
+                     deadline: float):
+        """Runs prefill (unless decode-only) and opens the decode stream."""
         with tracing.tracer().start_as_current_span("dispatch", context=tracing.context_of(span)):
             ereq.trace_context = tracing.inject()
-            if self.prefill is not None:
-                await asyncio.wait_for(self.prefill.prefill.remote(ereq), deadline - time.monotonic())
-            return self.decode.options(stream=True).generate.remote(ereq)
+            if not route.decode_only:
+                try:
+                    res = await asyncio.wait_for(
+                        self.prefill.prefill.remote(replace(ereq, target_replica=route.prefill_replica)),
+                        deadline - time.monotonic())
+                finally:
+                    self.routing.prefill_done(route)
+                out.prefill_cached_tokens = res.num_cached_tokens
+                out.baton["prefill_replica"] = res.replica
+            target = replace(ereq, target_replica=route.decode_replica)
+            return self.decode.options(stream=True).generate.remote(target)
+
+    def _done(self, route: Route, out: render.Completion, span) -> None:
+        """Ends the request's accounting: in-flight counts, hit metrics, span."""
+        self.routing.prefill_done(route)  # no-op unless prefill never returned
+        self.routing.finished(route)
+        self.routing.record_hit(out.usage()["prompt_tokens_details"]["cached_tokens"], out.prompt_tokens)
+        span.end()
 
     @staticmethod
     async def _next(chunks, deadline: float) -> EngineChunk | None:
@@ -169,7 +209,7 @@ class Ingress:
             return None
 
     async def _stream(self, out: render.Completion, first: EngineChunk | None, chunks,
-                      deadline: float, include_usage: bool, span) -> AsyncIterator[bytes]:
+                      deadline: float, include_usage: bool, route: Route, span) -> AsyncIterator[bytes]:
         try:
             if opening := out.first_event():
                 yield opening
@@ -187,7 +227,7 @@ class Ingress:
             err = _upstream_error(exc)
             yield render.error_event(err.message, err.type, err.code)
         finally:
-            span.end()
+            self._done(route, out, span)
         yield render.DONE
 
     # -- routes -----------------------------------------------------------------
@@ -209,3 +249,7 @@ class Ingress:
     @app.get("/health")
     async def health(self):
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(self):
+        return PlainTextResponse(self.routing.prometheus_text(), media_type="text/plain; version=0.0.4")

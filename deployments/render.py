@@ -33,6 +33,10 @@ class Completion:
     finish_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     return_token_ids: bool = False
+    # Set when a prefill replica computed the prompt; else decode's count is the hit.
+    prefill_cached_tokens: int | None = None
+    # Baton extension in responses: route, replicas, predicted and actual hits.
+    baton: dict = field(default_factory=dict)
 
     def add(self, chunk: EngineChunk) -> None:
         """Folds one engine delta into the totals."""
@@ -40,16 +44,26 @@ class Completion:
         self.completion_tokens += len(chunk.token_ids)
         self.token_ids.extend(chunk.token_ids)
         self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
+        self.baton.setdefault("decode_replica", chunk.replica)
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
 
     def usage(self) -> dict:
+        """OpenAI usage. `cached_tokens` are prompt tokens this request did
+        not compute: the prefill engine's hit, or decode's on a decode-only
+        request (a decode replica loading KV that prefill just wrote is a
+        transfer, reported as baton.decode_cached_tokens)."""
+        hit = self.cached_tokens if self.prefill_cached_tokens is None else self.prefill_cached_tokens
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": hit},
         }
+
+    def extension(self) -> dict:
+        return {**self.baton, "prefill_cached_tokens": self.prefill_cached_tokens,
+                "decode_cached_tokens": self.cached_tokens}
 
     def _envelope(self, obj: str) -> dict:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
@@ -65,7 +79,7 @@ class Completion:
             body = self._envelope("text_completion")
         if self.return_token_ids:
             choice["token_ids"] = self.token_ids
-        return {**body, "choices": [choice], "usage": self.usage()}
+        return {**body, "choices": [choice], "usage": self.usage(), "baton": self.extension()}
 
     def first_event(self) -> bytes | None:
         """The role-announcing chunk that opens a chat stream."""
@@ -91,7 +105,7 @@ class Completion:
 
     def usage_event(self) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return sse({**self._envelope(obj), "choices": [], "usage": self.usage()})
+        return sse({**self._envelope(obj), "choices": [], "usage": self.usage(), "baton": self.extension()})
 
 
 def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:

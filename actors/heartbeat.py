@@ -1,0 +1,44 @@
+"""An engine replica's entry in the Redis registry, refreshed on a thread.
+
+The entry says how many KV blocks the replica has. Routers treat a replica whose entry has gone stale as dead,
+which is how a killed replica leaves the candidate set within seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+
+from cluster.config import BatonConfig
+from routing.redis_state import P, Registry
+
+
+class Heartbeat:
+    def __init__(self, cfg: BatonConfig, pool: str, replica: str, info: dict):
+        self.client = redis.Redis.from_url(cfg.redis.url, socket_timeout=2)
+        self.pool, self.replica, self.info = pool, replica, info
+        self.interval = cfg.routing.heartbeat_s
+        self._stop = threading.Event()
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="baton-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        """Writes this replica's registry entry with the current time."""
+        Registry.beat(self.client, self.pool, self.replica, self.info)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except redis.RedisError:
+                pass  # Redis briefly away: the next beat retries
+
+    def stop(self) -> None:
+        """Stops beating and removes the entry (a clean shutdown)."""
+        self._stop.set()
+        try:
+            self.client.hdel(f"{P}replicas:{self.pool}", self.replica)
+        except redis.RedisError:
+            pass

@@ -1,0 +1,117 @@
+"""The KV indexer: engine KV events in, the shared prefix index in Redis out.
+
+One Serve replica binds a ZMQ SUB socket that every engine's KV-event
+publisher connects to (topic = replica id), translates each event into Baton's tenant-salted block hashes
+(routing/event_translator.py) and writes them to Redis, where every ingress
+replica reads them. Blocks an engine saved into Mooncake are recorded under
+the pseudo-replica `STORE`. A replica whose heartbeat goes stale is removed
+from the index, so the router forgets a dead replica's blocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import redis
+from ray import serve
+
+from cluster.config import BatonConfig
+from routing.event_translator import EventTranslator
+from routing.redis_state import P, IndexWriter, Registry
+
+STORE = "store"
+LOCAL_MEDIA = (None, "GPU")
+POLL_MS = 200
+SWEEP_S = 1.0
+
+
+class EventLoop:
+    """Subscriber thread: one bound SUB socket, registry sweeps, event application."""
+
+    def __init__(self, cfg: BatonConfig):
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        r = cfg.routing
+        self.redis = redis.Redis.from_url(cfg.redis.url, socket_timeout=5)
+        self.writer = IndexWriter(self.redis)
+        self.timeout_s = r.replica_timeout_s
+        self.translator = EventTranslator(cfg.model.block_size)
+        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self.sock = zmq.Context.instance().socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.bind(f"tcp://{r.events_host}:{r.events_port}")
+        self.known: set[str] = set()  # replicas with blocks in the index
+        self.applied: Counter = Counter()
+        self.dropped: Counter = Counter()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="baton-kv-indexer", daemon=True)
+        self.thread.start()
+
+    def _sweep(self) -> None:
+        """Forgets replicas whose heartbeat went stale: their blocks and entry."""
+        now = time.time()
+        for pool in ("prefill", "decode"):
+            for replica, info in Registry.entries(self.redis.hgetall(f"{P}replicas:{pool}")).items():
+                if now - info["ts"] > self.timeout_s:
+                    self.redis.hdel(f"{P}replicas:{pool}", replica)
+                    self.translator.cleared(replica)
+                    self.writer.cleared(replica)
+                    self.known.discard(replica)
+
+    def _apply(self, replica: str, payload: bytes) -> None:
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        self.known.add(replica)
+        for ev in self.decoder.decode(payload).events:
+            if isinstance(ev, BlockStored):
+                if ev.medium in LOCAL_MEDIA:
+                    t = self.translator.stored(replica, ev.block_hashes, ev.parent_block_hash,
+                                               ev.token_ids, ev.extra_keys)
+                    if t is None:
+                        self.dropped[replica] += 1
+                        continue
+                    self.writer.stored(replica, t.hashes, t.parent)
+                else:  # saved into the Mooncake store by this (prefill) engine
+                    self.writer.stored(STORE, self.translator.known(replica, ev.block_hashes), None)
+            elif isinstance(ev, BlockRemoved):
+                if ev.medium in LOCAL_MEDIA:
+                    self.writer.removed(replica, self.translator.removed(replica, ev.block_hashes))
+            elif isinstance(ev, AllBlocksCleared):
+                self.translator.cleared(replica)
+                self.writer.cleared(replica)
+            self.applied[replica] += 1
+
+    def _run(self) -> None:
+        last_sweep = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - last_sweep > SWEEP_S:
+                    self._sweep()
+                    last_sweep = time.monotonic()
+                if self.sock.poll(POLL_MS):
+                    topic, _seq, payload = self.sock.recv_multipart()
+                    self._apply(topic.decode(), payload)
+            except redis.RedisError:
+                time.sleep(0.5)  # Redis away: events meanwhile are lost, the sweep resyncs dead ones
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@serve.deployment(name="kv_indexer", num_replicas=1, ray_actor_options={"num_cpus": 0})
+class KVIndexer:
+    def __init__(self, cfg: dict):
+        self.loop = EventLoop(BatonConfig.model_validate(cfg))
+
+    def stats(self) -> dict:
+        """Events applied and dropped per replica; changes nothing."""
+        return {"applied": dict(self.loop.applied), "dropped": dict(self.loop.dropped),
+                "replicas": sorted(self.loop.known)}
+
+    async def check_health(self) -> None:
+        if not self.loop.thread.is_alive():
+            raise RuntimeError("KV indexer thread died")

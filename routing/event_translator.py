@@ -1,0 +1,87 @@
+"""Engine KV events in Baton's block hashes.
+
+vLLM publishes `BlockStored` with its own block hashes, the parent's hash, the
+blocks' token ids and (for the first block of a request) the cache salt in
+`extra_keys`. Baton's index keys blocks by `block_hash.hash_blocks` of the
+same token ids and salt, so the router, which hashes the prompt itself,
+and the engines can never disagree on what a block is: same tokens, same
+block size, same tenant salt, same hash. `BlockRemoved` carries only engine
+hashes, so the translator remembers each replica's engine hash -> Baton hash.
+
+Store events (Mooncake, medium "cpu") carry no token ids; their engine hashes
+are those the same prefill engine already announced for its own cache, so
+they are translated through that replica's map.
+
+Pure: no I/O; each call says what it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from routing.block_hash import BlockHashFn, sha256_block_hash
+
+
+@dataclass
+class Translated:
+    """Baton hashes of one event's blocks, chained from `parent` (None = prompt start)."""
+
+    hashes: list[int]
+    parent: int | None
+
+
+def salt_of(extra_keys: Any) -> str | None:
+    """The cache salt inside one block's vLLM extra keys (the plain string entry)."""
+    if not extra_keys:
+        return None
+    for key in extra_keys:
+        if isinstance(key, str):
+            return key
+    return None
+
+
+@dataclass
+class EventTranslator:
+    block_size: int
+    hash_fn: BlockHashFn = sha256_block_hash
+    # replica -> engine hash -> (baton hash, salt)
+    _maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)
+
+    def stored(self, replica: str, engine_hashes: Sequence[Any], parent: Any,
+               token_ids: Sequence[int], extra_keys: Sequence[Any] | None) -> Translated | None:
+        """Translates a BlockStored with token ids; remembers the new hashes.
+
+        Returns None when the event cannot be placed (unknown parent, or
+        token ids that do not cover the blocks).
+        """
+        m = self._maps.setdefault(replica, {})
+        if parent is not None and parent not in m:
+            return None
+        if len(token_ids) < len(engine_hashes) * self.block_size:
+            return None
+        baton_parent, salt = m[parent] if parent is not None else (None, None)
+        out: list[int] = []
+        prev = baton_parent
+        for i, eh in enumerate(engine_hashes):
+            if i == 0 and parent is None:
+                salt = salt_of(extra_keys[0]) if extra_keys else None
+            block = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            prev = self.hash_fn(prev, block, salt)
+            m[eh] = (prev, salt)
+            out.append(prev)
+        return Translated(out, baton_parent)
+
+    def known(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
+        """Baton hashes of already-announced engine hashes (unknown ones skipped)."""
+        m = self._maps.get(replica, {})
+        return [m[h][0] for h in engine_hashes if h in m]
+
+    def removed(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
+        """Baton hashes of removed blocks; forgets them for `replica`."""
+        m = self._maps.get(replica, {})
+        return [m.pop(h)[0] for h in engine_hashes if h in m]
+
+    def cleared(self, replica: str) -> None:
+        """Forgets everything `replica` announced."""
+        self._maps.pop(replica, None)

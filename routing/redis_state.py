@@ -1,0 +1,115 @@
+"""Routing state shared through Redis: KV index, session pins, replica registry.
+
+Keys (prefix `baton:`):
+- `idx:h:{hash}`   set of replicas holding a block (Baton hash, tenant-salted)
+- `idx:r:{replica}` set of blocks a replica holds (to clear it at once)
+- `idx:c:{hash}`   set of child blocks seen after a block (its fan-out)
+- `pin:{pool}:{session}` replica id, with the pin TTL
+- `replicas:{pool}` hash replica id -> JSON {events, capacity_blocks, ts}
+
+The KV indexer is the only writer of `idx:*`; ingress replicas read one
+request's slice with `snapshot()`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterable, Sequence
+
+from routing.snapshot import IndexSnapshot
+
+P = "baton:"
+
+
+def _h(h: int) -> str:
+    return f"{P}idx:h:{h}"
+
+
+class IndexWriter:
+    """Applies translated KV events to Redis (sync client, one pipeline per event)."""
+
+    def __init__(self, client) -> None:
+        self.r = client
+
+    def stored(self, replica: str, hashes: Sequence[int], parent: int | None) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        prev = parent
+        for h in hashes:
+            pipe.sadd(_h(h), replica)
+            if prev is not None:
+                pipe.sadd(f"{P}idx:c:{prev}", h)
+            prev = h
+        if hashes:
+            pipe.sadd(f"{P}idx:r:{replica}", *hashes)
+        pipe.execute()
+
+    def removed(self, replica: str, hashes: Iterable[int]) -> None:
+        hashes = list(hashes)
+        if not hashes:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for h in hashes:
+            pipe.srem(_h(h), replica)
+        pipe.srem(f"{P}idx:r:{replica}", *hashes)
+        pipe.execute()
+
+    def cleared(self, replica: str) -> None:
+        """Forgets every block of `replica` (it cleared its cache or died)."""
+        held = self.r.smembers(f"{P}idx:r:{replica}")
+        self.removed(replica, [int(h) for h in held])
+        self.r.delete(f"{P}idx:r:{replica}")
+
+
+async def snapshot(client, block_hashes: Sequence[int]) -> IndexSnapshot:
+    """The index's holders and fan-out of `block_hashes`, in one round trip."""
+    if not block_hashes:
+        return IndexSnapshot([], [], [])
+    pipe = client.pipeline(transaction=False)
+    for h in block_hashes:
+        pipe.smembers(_h(h))
+    for h in block_hashes:
+        pipe.scard(f"{P}idx:c:{h}")
+    res = await pipe.execute()
+    n = len(block_hashes)
+    holders = [{m.decode() if isinstance(m, bytes) else m for m in s} for s in res[:n]]
+    return IndexSnapshot(block_hashes, holders, res[n:])
+
+
+class Pins:
+    """Session pins per pool in Redis; expiry is Redis's own TTL."""
+
+    def __init__(self, client, ttl_s: float) -> None:
+        self.r, self.ttl_s = client, ttl_s
+
+    async def get(self, pool: str, session: str) -> str | None:
+        v = await self.r.get(f"{P}pin:{pool}:{session}")
+        return v.decode() if isinstance(v, bytes) else v
+
+    async def set(self, pool: str, session: str, replica: str) -> None:
+        """Pins (or re-pins) `session` to `replica` and restarts its TTL."""
+        await self.r.set(f"{P}pin:{pool}:{session}", replica, px=int(self.ttl_s * 1000))
+
+
+class Registry:
+    """Live engine replicas of each pool, kept fresh by their heartbeats."""
+
+    def __init__(self, client, timeout_s: float) -> None:
+        self.r, self.timeout_s = client, timeout_s
+
+    @staticmethod
+    def beat(sync_client, pool: str, replica: str, info: dict) -> None:
+        """Writes `replica`'s entry with the current time (sync, from engine replicas)."""
+        sync_client.hset(f"{P}replicas:{pool}", replica, json.dumps({**info, "ts": time.time()}))
+
+    @staticmethod
+    def entries(sync_or_result) -> dict[str, dict]:
+        return {(k.decode() if isinstance(k, bytes) else k): json.loads(v)
+                for k, v in sync_or_result.items()}
+
+    def fresh(self, entries: dict[str, dict], now: float) -> dict[str, dict]:
+        return {k: v for k, v in entries.items() if now - v["ts"] <= self.timeout_s}
+
+    async def live(self, pool: str) -> dict[str, dict]:
+        """Replicas of `pool` whose last heartbeat is recent enough."""
+        return self.fresh(self.entries(await self.r.hgetall(f"{P}replicas:{pool}")), time.time())
