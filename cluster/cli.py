@@ -109,6 +109,7 @@ def cmd_model(args) -> int:
 BENCHES = {
     "serve": "cluster.bench_serve",
     "load": "cluster.bench_load",
+    "affinity": "cluster.bench_affinity",
     "router": "routing.bench_router",
 }
 

@@ -115,6 +115,18 @@ class StackProcess:
             self.proc.kill()
             return self.proc.wait(10)
 
+    def kill_replica(self, deployment: str, replica: str) -> None:
+        """Kills one Serve replica actor of this stack (Serve will replace it)."""
+        state = json.loads((Path(self.cfg["state_dir"]) / "state.json").read_text())
+        code = (
+            "import ray, sys\n"
+            "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+            "ray.kill(ray.get_actor(sys.argv[2], namespace='serve'), no_restart=True)\n"
+        )
+        name = f"SERVE_REPLICA::baton#{deployment}#{replica}"
+        subprocess.run([sys.executable, "-c", code, state["ray_address"], name], check=True,
+                       timeout=60, env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True)
+
     def tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])

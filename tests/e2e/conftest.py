@@ -13,10 +13,19 @@ from cluster.processes import pid_alive
 from cluster.stack_process import REPO, StackProcess, write_config
 
 
+PIN_TTL_S = 10
+KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("baton")
-    s = StackProcess(write_config(workdir))
+    s = StackProcess(write_config(
+        workdir,
+        decode={"replicas": 2},
+        routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
+        serve={"api_keys": {KEY_A: "tenant-a", KEY_B: "tenant-b"}, "anonymous_tenant": "default"},
+    ))
     s.start()
     yield s
     # Ctrl-C/SIGTERM must leave nothing behind: `up` exits 0 and every
@@ -40,4 +49,4 @@ def reference(stack):
 def client(stack):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=f"{stack.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)

@@ -1,0 +1,102 @@
+"""Routing on the real stack (1 prefill, 2 decode replicas): index exactness,
+session pins, tenant isolation, decode-only for short prompts, metrics."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import httpx
+
+from tests.e2e import prompts
+from tests.e2e.conftest import KEY_A, KEY_B, PIN_TTL_S
+
+EVENTS_SETTLE_S = 1.5  # KV events reach the index in Redis asynchronously
+
+
+def chat(stack, messages, key=None, session=None, max_tokens=4) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    if session:
+        headers["x-session-affinity"] = session
+    r = httpx.post(f"{stack.url}/v1/chat/completions", headers=headers, timeout=120,
+                   json={"model": "baton-tiny", "messages": messages, "max_tokens": max_tokens,
+                         "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def engine_hit(baton: dict) -> int:
+    """Cached tokens reported by the engine that computed the prompt."""
+    return baton["decode_cached_tokens"] if baton["decode_only"] else baton["prefill_cached_tokens"]
+
+
+def test_index_predicts_the_engines_cached_tokens(stack):
+    base = prompts.make("exact", 300)
+    turns = [base, base, base + [{"role": "assistant", "content": "sure"},
+                                 {"role": "user", "content": "and then? " * 30}]]
+    seen = []
+    for messages in turns:
+        baton = chat(stack, messages).json()["baton"]
+        seen.append((baton["predicted_cached_tokens"], engine_hit(baton), baton["decode_only"]))
+        time.sleep(EVENTS_SETTLE_S)
+    assert all(pred == hit for pred, hit, _ in seen), seen
+    assert seen[0][0] == 0 and seen[1][0] > 0 and seen[2][0] >= seen[1][0]
+
+
+def test_session_is_pinned_and_header_echoed(stack):
+    replicas, reasons = set(), []
+    conversation = prompts.make("pin", 80)
+    for turn in range(3):
+        r = chat(stack, conversation, session="sess-pin")
+        assert r.headers["x-session-affinity"] == "sess-pin"
+        baton = r.json()["baton"]
+        replicas.add(baton["decode_replica"])
+        reasons.append(baton["route"])
+        conversation = conversation + [{"role": "assistant", "content": "ok"},
+                                       {"role": "user", "content": f"turn {turn}"}]
+    assert len(replicas) == 1
+    assert reasons[1:] == ["pinned", "pinned"]
+
+
+def test_pin_expires_after_its_ttl(stack):
+    import redis
+
+    client = redis.Redis.from_url(stack.cfg["redis"]["url"])
+    chat(stack, prompts.make("ttl", 20), session="sess-ttl")
+    assert client.get("baton:pin:decode:sess-ttl") is not None
+    time.sleep(PIN_TTL_S + 1)
+    assert client.get("baton:pin:decode:sess-ttl") is None
+    assert chat(stack, prompts.make("ttl2", 20), session="sess-ttl").json()["baton"]["route"] != "pinned"
+
+
+def test_tenants_never_share_a_prefix(stack):
+    messages = prompts.make("tenant", 200)
+    first = chat(stack, messages, key=KEY_A).json()
+    time.sleep(EVENTS_SETTLE_S)
+    again = chat(stack, messages, key=KEY_A).json()
+    other = chat(stack, messages, key=KEY_B).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert other["baton"]["predicted_cached_tokens"] == 0
+
+
+def test_wrong_api_key_is_401(stack):
+    r = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30,
+                   headers={"authorization": "Bearer nope"},
+                   json={"model": "baton-tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_short_prompt_runs_decode_only(stack):
+    baton = chat(stack, [{"role": "user", "content": "hi"}]).json()["baton"]
+    assert baton["decode_only"] is True and baton["prefill_cached_tokens"] is None
+    assert "prefill_replica" not in baton
+
+
+def test_metrics_report_routing(stack):
+    text = urllib.request.urlopen(f"{stack.url}/metrics", timeout=10).read().decode()
+    assert 'baton_route_decisions_total{pool="decode",reason="pinned"}' in text
+    assert "baton_prefix_hit_ratio" in text and "baton_repins_total" in text

@@ -1,0 +1,51 @@
+"""Engine KV events become the same tenant-salted hashes the router computes."""
+
+from __future__ import annotations
+
+from routing.block_hash import hash_blocks
+from routing.event_translator import EventTranslator, salt_of
+
+BS = 4
+TOKENS = list(range(100, 112))  # three full blocks
+
+
+def test_stored_events_hash_like_the_router_across_chained_events():
+    t = EventTranslator(BS)
+    first = t.stored("r1", ["e1", "e2"], None, TOKENS[:8], [("tenant-a",), None])
+    second = t.stored("r1", ["e3"], "e2", TOKENS[8:12], [None])
+    expected = hash_blocks(TOKENS, BS, "tenant-a")
+    assert first.hashes == expected[:2] and first.parent is None
+    assert second.hashes == expected[2:] and second.parent == expected[1]
+
+
+def test_salt_separates_tenants_and_unsalted_prompts():
+    t = EventTranslator(BS)
+    a = t.stored("r1", ["a1"], None, TOKENS[:4], [("tenant-a",)]).hashes
+    b = t.stored("r2", ["b1"], None, TOKENS[:4], [("tenant-b",)]).hashes
+    plain = t.stored("r3", ["p1"], None, TOKENS[:4], None).hashes
+    assert len({a[0], b[0], plain[0]}) == 3
+    assert plain == hash_blocks(TOKENS[:4], BS, None)
+
+
+def test_unknown_parent_or_short_tokens_is_dropped():
+    t = EventTranslator(BS)
+    assert t.stored("r1", ["x"], "never-seen", TOKENS[:4], None) is None
+    assert t.stored("r1", ["x", "y"], None, TOKENS[:5], None) is None
+
+
+def test_removed_and_store_events_use_the_replicas_map():
+    t = EventTranslator(BS)
+    h = t.stored("p", ["e1", "e2"], None, TOKENS[:8], [("s",), None]).hashes
+    assert t.known("p", ["e2", "zz"]) == [h[1]]
+    assert t.known("other", ["e1"]) == []
+    assert t.removed("p", ["e1", "zz"]) == [h[0]]
+    assert t.removed("p", ["e1"]) == []
+    t.cleared("p")
+    assert t.known("p", ["e2"]) == []
+
+
+def test_salt_of_picks_the_string_key():
+    assert salt_of(None) is None
+    # Baton serves no LoRA adapters; with one, its name would come first.
+    assert salt_of(("lora-x", ("mm", 3), "tenant")) == "lora-x"
+    assert salt_of((("mm", 3), "tenant")) == "tenant"

@@ -1,0 +1,102 @@
+"""The shared routing state on a real Redis server: index slices, pins, registry."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+
+import pytest
+import redis
+import redis.asyncio
+
+from cluster.processes import port_open
+from cluster.stack_process import free_ports
+from routing.policy import BatonPolicy
+from routing.prefix_index import PrefixIndex
+from routing.redis_state import IndexWriter, Pins, Registry, snapshot
+from routing.snapshot import pins_view
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (make install does that)")
+    port = free_ports(1)[0]
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def clients(redis_url):
+    sync = redis.Redis.from_url(redis_url)
+    sync.flushdb()
+    return sync, redis_url
+
+
+def run(url: str, fn):
+    """Runs `fn(async_client)` in a fresh event loop with its own client."""
+    async def main():
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            return await fn(client)
+        finally:
+            await client.aclose()
+    return asyncio.run(main())
+
+
+def test_snapshot_matches_the_in_memory_index(clients):
+    sync, aio = clients
+    writer, ref = IndexWriter(sync), PrefixIndex()
+    for replica, hashes, parent in [("a", [1, 2, 3], None), ("b", [1, 2], None), ("b", [9], 2),
+                                    ("c", [1, 5], None), ("a", [4], 3)]:
+        writer.stored(replica, hashes, parent)
+        ref.apply_stored(replica, hashes, parent)
+    writer.removed("a", [2])
+    ref.apply_removed("a", [2])
+    query = [1, 2, 9]
+    snap = run(aio, lambda c: snapshot(c, query))
+    assert snap.match(query) == ref.match(query) == {"a": 1, "b": 3, "c": 1}
+    assert [snap.fanout(h) for h in query] == [ref.fanout(h) for h in query]
+    writer.cleared("b")
+    assert run(aio, lambda c: snapshot(c, query)).match(query) == {"a": 1, "c": 1}
+
+
+def test_policy_runs_unchanged_on_a_snapshot(clients):
+    sync, aio = clients
+    IndexWriter(sync).stored("warm", [7, 8, 9], None)
+    snap = run(aio, lambda c: snapshot(c, [7, 8, 9]))
+    from routing.contracts import ReplicaLoad, RoutingRequest
+
+    loads = {"warm": ReplicaLoad(running=1), "cold": ReplicaLoad(running=0)}
+    d = BatonPolicy().route(RoutingRequest((7, 8, 9)), loads, snap, pins_view(60, None, None, 0), 0)
+    assert (d.replica, d.reason, d.cached_blocks) == ("warm", "prefix", 3)
+
+
+def test_pins_expire_in_redis(clients):
+    _, aio = clients
+
+    async def scenario(client):
+        pins = Pins(client, ttl_s=0.3)
+        await pins.set("decode", "s1", "r1")
+        first = await pins.get("decode", "s1")
+        await asyncio.sleep(0.5)
+        return first, await pins.get("decode", "s1")
+    assert run(aio, scenario) == ("r1", None)
+
+
+def test_registry_drops_stale_heartbeats(clients):
+    sync, aio = clients
+    Registry.beat(sync, "decode", "fresh", {"capacity_blocks": 10})
+    sync.hset("baton:replicas:decode", "stale", '{"capacity_blocks": 10, "ts": 1.0}')
+    live = run(aio, lambda c: Registry(c, timeout_s=5).live("decode"))
+    assert list(live) == ["fresh"] and live["fresh"]["capacity_blocks"] == 10
