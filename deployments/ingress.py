@@ -156,8 +156,7 @@ class Ingress:
         self.routing.started(route)
         chunks = None
         try:
-            chunks = await self._start(ereq, route, out, span, deadline)
-            first = await self._next(chunks, deadline)
+            chunks, first = await self._open(ereq, route, out, span, deadline)
             while not req.stream and first is not None:
                 out.add(first)
                 first = await self._next(chunks, deadline)
@@ -176,6 +175,28 @@ class Ingress:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         body = self._stream(out, first, chunks, deadline, include_usage, route, span)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+    async def _open(self, ereq: EngineRequest, route: Route, out: render.Completion, span,
+                    deadline: float):
+        """Starts the request and waits for its first chunk, retrying once.
+
+        Nothing has reached the client yet, so a replica that dies (or an
+        engine that fails) before the first token costs a retry, not an
+        error: the second attempt lets Serve pick any live replica.
+        """
+        try:
+            chunks = await self._start(ereq, route, out, span, deadline)
+            return chunks, await self._next(chunks, deadline)
+        except (APIError, asyncio.TimeoutError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - replica or engine failure
+            span.add_event("retry", {"error": type(exc).__name__})
+            self.routing.prefill_done(route)
+            self.routing.finished(route)
+            out.baton["retried_after"] = type(exc).__name__
+            retry = Route(None, None, route.decode_only, route.reason, route.predicted_cached_tokens)
+            chunks = await self._start(ereq, retry, out, span, deadline)
+            return chunks, await self._next(chunks, deadline)
 
     async def _start(self, ereq: EngineRequest, route: Route, out: render.Completion, span,
                      deadline: float):

@@ -103,9 +103,9 @@ class Registry:
         sync_client.hset(f"{P}replicas:{pool}", replica, json.dumps({**info, "ts": time.time()}))
 
     @staticmethod
-    def entries(sync_or_result) -> dict[str, dict]:
-        return {(k.decode() if isinstance(k, bytes) else k): json.loads(v)
-                for k, v in sync_or_result.items()}
+    def entries(raw: dict) -> dict[str, dict]:
+        """Decodes an HGETALL of a pool's registry hash."""
+        return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}
 
     def fresh(self, entries: dict[str, dict], now: float) -> dict[str, dict]:
         return {k: v for k, v in entries.items() if now - v["ts"] <= self.timeout_s}
