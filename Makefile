@@ -41,8 +41,12 @@ down:
 status:
 	$(BIN)/baton status
 
+# Unit tests first, on a quiet machine; then the shared e2e stack; then the
+# notebook, which starts stacks of its own (one stack at a time on 2 cores).
 test: install
-	$(BIN)/python -m pytest -v -rs --timeout=900 tests
+	$(BIN)/python -m pytest -v -rs --timeout=300 tests/unit
+	$(BIN)/python -m pytest -v -rs --timeout=900 tests/e2e
+	$(BIN)/python -m pytest -v -rs --timeout=900 tests --ignore=tests/unit --ignore=tests/e2e
 
 test-unit: install
 	$(BIN)/python -m pytest -v tests/unit

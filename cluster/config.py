@@ -135,6 +135,22 @@ class RoutingConfig(_Strict):
     seed: int = Field(0, description="seed of the policy's power-of-two draws")
 
 
+class AdmissionSection(_Strict):
+    capacity_per_replica: int = Field(
+        16, ge=1, description="engine permits per decode replica: requests generating at once"
+    )
+    max_queue_per_tenant: int = Field(64, ge=0, description="waiting requests one tenant may hold")
+    max_queue_total: int = Field(256, ge=0, description="waiting requests across all tenants")
+    default_deadline_s: float = Field(
+        30, gt=0, description="queueing deadline unless the x-baton-deadline-s header sets one"
+    )
+    tier_weights: dict[str, float] = Field(
+        default_factory=lambda: {"default": 1.0}, description="fair-queueing weight of each tier"
+    )
+    tenant_tiers: dict[str, str] = Field(default_factory=dict, description="tenant -> tier")
+    default_tier: str = Field("default", description="tier of tenants not in tenant_tiers")
+
+
 class RayConfig(_Strict):
     address: str | None = Field(None, description="existing Ray cluster; None starts a local head")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local head; None = all")
@@ -152,6 +168,7 @@ class BatonConfig(_Strict):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    admission: AdmissionSection = Field(default_factory=AdmissionSection)
     ray: RayConfig = Field(default_factory=RayConfig)
     state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
 

@@ -25,11 +25,20 @@ from actors.protocol import EngineChunk, EngineRequest, SamplingSpec
 from cluster import tracing
 from cluster.config import REPO_ROOT, BatonConfig
 from deployments import render
+from deployments.admission import Admission, AdmissionConfig, AsyncAdmission, Shed
+from deployments.metrics import IngressMetrics, kv_bytes_per_token
 from deployments.request_routing import RequestRouting, Route
-from deployments.schemas import APIError, ChatCompletionRequest, CompletionRequest, parse
+from deployments.schemas import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    openapi_operation,
+    parse,
+)
 
 DEFAULT_TENANT = "default"
 SESSION_HEADER = "x-session-affinity"
+DEADLINE_HEADER = "x-baton-deadline-s"
 
 app = FastAPI(title="Baton", description="OpenAI-compatible, PD-disaggregated LLM serving")
 
@@ -64,7 +73,12 @@ class Ingress:
         tracing.setup(self.cfg.tracing, "baton-ingress", REPO_ROOT)
         self.prefill, self.decode = prefill, decode
         self.indexer = indexer  # bound so Serve deploys it; the ingress only reads Redis
-        self.routing = RequestRouting(self.cfg, redis.asyncio.Redis.from_url(self.cfg.redis.url))
+        self.metrics = IngressMetrics()
+        self.gate = AsyncAdmission(Admission(AdmissionConfig(**self.cfg.admission.model_dump()),
+                                             replicas=self.cfg.decode.replicas))
+        self.kv_bytes_per_token = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
+        self.routing = RequestRouting(self.cfg, redis.asyncio.Redis.from_url(self.cfg.redis.url),
+                                      self.metrics)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.cfg.model.resolved_path()))
         self.model = self.cfg.model.served_name
 
@@ -149,7 +163,17 @@ class Ingress:
         span.set_attribute("baton.prompt_tokens", len(ereq.prompt_token_ids))
         out = render.Completion(kind, request_id, self.model, len(ereq.prompt_token_ids),
                                 return_token_ids=req.return_token_ids)
-        route = await self._route(ereq.prompt_token_ids, tenant, session)
+        try:
+            permit = await self._admit(request, tenant, span)
+        except BaseException:
+            span.end()
+            raise
+        try:
+            route = await self._route(ereq.prompt_token_ids, tenant, session)
+        except BaseException:
+            self._release(permit, tenant)
+            span.end()
+            raise
         span.set_attribute("baton.route", route.reason)
         out.baton.update(route=route.reason, decode_only=route.decode_only,
                          predicted_cached_tokens=route.predicted_cached_tokens)
@@ -165,15 +189,21 @@ class Ingress:
             # started: stop the engine work and answer (or re-raise) cleanly.
             if chunks is not None:
                 chunks.cancel()
+            self._release(permit, tenant)
             self._done(route, out, span)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             raise _upstream_error(exc) from None
         if not req.stream:
+            self._release(permit, tenant)
             self._done(route, out, span)
             return JSONResponse(out.response(), headers=headers)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = self._stream(out, first, chunks, deadline, include_usage, route, span)
+        # The engine is drained into a local queue and the permit released the
+        # moment generation ends, however slowly the client reads the stream.
+        queue: asyncio.Queue = asyncio.Queue()
+        pump = asyncio.create_task(self._pump(first, chunks, deadline, queue, permit, tenant))
+        body = self._stream(out, queue, pump, include_usage, route, span)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
     async def _open(self, ereq: EngineRequest, route: Route, out: render.Completion, span,
@@ -219,7 +249,16 @@ class Ingress:
         """Ends the request's accounting: in-flight counts, hit metrics, span."""
         self.routing.prefill_done(route)  # no-op unless prefill never returned
         self.routing.finished(route)
-        self.routing.record_hit(out.usage()["prompt_tokens_details"]["cached_tokens"], out.prompt_tokens)
+        bs, m = self.cfg.model.block_size, self.metrics
+        m.record_hit(out.usage()["prompt_tokens_details"]["cached_tokens"] // bs, out.prompt_tokens // bs)
+        if out.prefill_cached_tokens is not None:  # decode loaded what prefill wrote
+            m.kv_bytes.inc(out.cached_tokens * self.kv_bytes_per_token)
+        now = time.monotonic()
+        m.e2e.observe(now - out.started)
+        if out.first_token_at is not None:
+            m.ttft.observe(out.first_token_at - out.started)
+            if out.completion_tokens > 1:
+                m.tpot.observe((now - out.first_token_at) / (out.completion_tokens - 1))
         span.end()
 
     @staticmethod
@@ -229,35 +268,83 @@ class Ingress:
         except StopAsyncIteration:
             return None
 
-    async def _stream(self, out: render.Completion, first: EngineChunk | None, chunks,
-                      deadline: float, include_usage: bool, route: Route, span) -> AsyncIterator[bytes]:
+    async def _pump(self, first: EngineChunk | None, chunks, deadline: float,
+                    queue: asyncio.Queue, permit, tenant: str) -> None:
+        """Moves engine chunks into `queue`, then None (or the error); frees the permit."""
         try:
-            if opening := out.first_event():
-                yield opening
             chunk = first
             while chunk is not None:
-                out.add(chunk)
-                yield out.delta_event(chunk)
+                queue.put_nowait(chunk)
                 chunk = await self._next(chunks, deadline)
-            if include_usage:
-                yield out.usage_event()
+            queue.put_nowait(None)
         except asyncio.CancelledError:
             chunks.cancel()
             raise
-        except Exception as exc:  # noqa: BLE001 - tokens already sent: end with an error event
-            err = _upstream_error(exc)
-            yield render.error_event(err.message, err.type, err.code)
+        except Exception as exc:  # noqa: BLE001 - handed to the stream as an error event
+            queue.put_nowait(exc)
         finally:
+            self._release(permit, tenant)
+
+    async def _stream(self, out: render.Completion, queue: asyncio.Queue, pump: asyncio.Task,
+                      include_usage: bool, route: Route, span) -> AsyncIterator[bytes]:
+        try:
+            if opening := out.first_event():
+                yield opening
+            while (item := await queue.get()) is not None:
+                if isinstance(item, Exception):  # tokens already sent: end with an error event
+                    err = _upstream_error(item)
+                    yield render.error_event(err.message, err.type, err.code)
+                    break
+                out.add(item)
+                yield out.delta_event(item)
+            else:
+                if include_usage:
+                    yield out.usage_event()
+        finally:
+            pump.cancel()
             self._done(route, out, span)
         yield render.DONE
 
+    # -- admission ----------------------------------------------------------------
+
+    async def _admit(self, request: Request, tenant: str, span):
+        """Waits for an engine permit in the tenant's fair queue; 429 when shed."""
+        raw = request.headers.get(DEADLINE_HEADER)
+        try:
+            deadline_s = float(raw) if raw is not None else None
+        except ValueError:
+            raise APIError(400, f"{DEADLINE_HEADER} must be a number of seconds", param=DEADLINE_HEADER) from None
+        if deadline_s is not None and not 0 < deadline_s <= 3600:
+            raise APIError(400, f"{DEADLINE_HEADER} must be in (0, 3600]", param=DEADLINE_HEADER)
+        replicas = self.routing.live_decode_replicas
+        if replicas and replicas != self.gate.admission.replicas:
+            self.gate.set_replicas(replicas)
+        waited = time.monotonic()
+        try:
+            permit = await self.gate.acquire(tenant, None, deadline_s)
+        except Shed as exc:
+            self.metrics.shed.labels(tenant, exc.reason).inc()
+            span.set_attribute("baton.shed", exc.reason)
+            raise APIError(429, f"Baton is at capacity ({exc.reason}); retry after "
+                                f"{exc.retry_after_s} s", "rate_limit_error", code=exc.reason,
+                           headers=exc.headers) from None
+        self.metrics.queue.observe(time.monotonic() - waited)
+        self.metrics.permits.labels(tenant).inc()
+        return permit
+
+    def _release(self, permit, tenant: str) -> None:
+        """Frees the engine permit (once) and wakes the next queued request."""
+        if not permit.released:
+            permit.release()
+            self.metrics.permits.labels(tenant).dec()
+
     # -- routes -----------------------------------------------------------------
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_operation(ChatCompletionRequest))
     async def chat_completions(self, request: Request):
         return await self._run(request, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_operation(CompletionRequest))
     async def completions(self, request: Request):
         return await self._run(request, "text")
 
@@ -273,4 +360,4 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self):
-        return PlainTextResponse(self.routing.prometheus_text(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cluster.config import BatonConfig
+from deployments.metrics import IngressMetrics
 from routing import redis_state
 from routing.block_hash import hash_blocks
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
@@ -41,7 +42,7 @@ class Route:
 
 
 class RequestRouting:
-    def __init__(self, cfg: BatonConfig, redis_client):
+    def __init__(self, cfg: BatonConfig, redis_client, metrics: IngressMetrics):
         self.cfg = cfg
         self.bs = cfg.model.block_size
         self.redis = redis_client
@@ -50,10 +51,8 @@ class RequestRouting:
         self.policy = BatonPolicy(rng=random.Random(cfg.routing.seed))
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
-        self.decisions: Counter = Counter()  # (pool, reason)
-        self.repins: Counter = Counter()  # pool
-        self.hit_blocks = 0  # prompt blocks the engines reported as cached
-        self.prompt_blocks = 0
+        self.metrics = metrics
+        self.live_decode_replicas = 0  # as of the last decision; admission sizes its permits by it
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -61,6 +60,8 @@ class RequestRouting:
 
     async def _choose(self, pool: str, req: RoutingRequest, snap, now: float) -> RoutingDecision | None:
         live = await self.registry.live(pool)
+        if pool == "decode":
+            self.live_decode_replicas = len(live)
         if not live:
             return None
         names = sorted(live)
@@ -103,9 +104,9 @@ class RequestRouting:
 
     def _count(self, pool: str, d: RoutingDecision) -> None:
         reason = "round_robin" if self.cfg.routing.policy == "round_robin" else d.reason
-        self.decisions[(pool, reason)] += 1
+        self.metrics.decisions.labels(pool, reason).inc()
         if d.repinned:
-            self.repins[pool] += 1
+            self.metrics.repins.labels(pool).inc()
 
     def started(self, route: Route) -> None:
         """Counts the request as in flight on its replicas."""
@@ -126,24 +127,3 @@ class RequestRouting:
     def finished(self, route: Route) -> None:
         """Ends the request on its decode replica; idempotent."""
         self._release(route, "decode", route.decode_replica)
-
-    def record_hit(self, cached_tokens: int, prompt_tokens: int) -> None:
-        """Adds one request to the block-weighted prefix hit ratio."""
-        self.hit_blocks += cached_tokens // self.bs
-        self.prompt_blocks += prompt_tokens // self.bs
-
-    def prometheus_text(self) -> str:
-        """Routing metrics in Prometheus text format; changes nothing."""
-        lines = ["# TYPE baton_route_decisions_total counter"]
-        for (pool, reason), n in sorted(self.decisions.items()):
-            lines.append(f'baton_route_decisions_total{{pool="{pool}",reason="{reason}"}} {n}')
-        lines.append("# TYPE baton_repins_total counter")
-        for pool in ("prefill", "decode"):
-            lines.append(f'baton_repins_total{{pool="{pool}"}} {self.repins[pool]}')
-        lines += ["# TYPE baton_prefix_hit_blocks_total counter",
-                  f"baton_prefix_hit_blocks_total {self.hit_blocks}",
-                  "# TYPE baton_prompt_blocks_total counter",
-                  f"baton_prompt_blocks_total {self.prompt_blocks}",
-                  "# TYPE baton_prefix_hit_ratio gauge",
-                  f"baton_prefix_hit_ratio {self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0}"]
-        return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from cluster.stack_process import REPO, StackProcess, write_config
 
 PIN_TTL_S = 10
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+CAPACITY_PER_REPLICA = 2  # 2 decode replicas: 4 engine permits, so overload is cheap to make
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,7 @@ def stack(tmp_path_factory):
         decode={"replicas": 2},
         routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
         serve={"api_keys": {KEY_A: "tenant-a", KEY_B: "tenant-b"}, "anonymous_tenant": "default"},
+        admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
     s.start()
     yield s

@@ -1,0 +1,29 @@
+"""Admission control for the Baton ingress: permits, weighted fair queueing, shedding.
+
+Pure logic (time passed in as ``now``), with ``AsyncAdmission`` as the asyncio
+shell. Every shed request is a 429 with ``Retry-After``, never a 5xx.
+
+* ``config``          AdmissionConfig (tiers, weights, bounds, default deadline)
+* ``permits``         Permits: the per-replica concurrency pool
+* ``fair_queue``      FairQueue: SCFQ across tenants, bounded, deadline-aware
+* ``admission``       Admission: permits + queue + counters; Ticket lifecycle
+* ``async_admission`` AsyncAdmission, Permit, Shed
+* ``simulate``        simulate_overload: deterministic overload runs
+"""
+
+from .admission import Admission
+from .async_admission import AsyncAdmission, Permit, Shed
+from .config import AdmissionConfig
+from .fair_queue import FairQueue
+from .outcomes import Admit, Popped, Reject, ShedReason
+from .permits import Permits
+from .simulate import OverloadResult, TenantOutcome, max_min_fair_share, simulate_overload, two_tenant_load
+from .stats import AdmissionSnapshot, TenantSnapshot, TenantStats
+from .ticket import Handoff, Ticket, TicketState
+
+__all__ = [
+    "Admission", "AdmissionConfig", "AdmissionSnapshot", "Admit", "AsyncAdmission",
+    "FairQueue", "Handoff", "OverloadResult", "Permit", "Permits", "Popped", "Reject",
+    "Shed", "ShedReason", "TenantOutcome", "TenantSnapshot", "TenantStats", "Ticket",
+    "TicketState", "max_min_fair_share", "simulate_overload", "two_tenant_load",
+]

@@ -1,0 +1,166 @@
+"""Admission control: permits in front of the engines, a fair queue behind them.
+
+``submit`` admits a request at once when a permit is free and nobody is
+queued (a free permit with a non-empty queue cannot persist: every call that
+frees a permit hands it to the queue). Otherwise the request joins the
+weighted fair queue, or is shed with a ``ShedReason`` and ``retry_after_s``.
+``release`` returns the permit the moment generation ends and hands it to the
+next queued ticket in fair order; the caller wakes the tickets in the
+returned ``Handoff``. Service time (admission to release) feeds the queue's
+wait estimate, so deadlines are checked against what the engines really do.
+
+Pure and not thread-safe: time comes in as ``now``; ``AsyncAdmission`` is the
+asyncio shell.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .config import AdmissionConfig
+from .fair_queue import FairQueue
+from .outcomes import Admit, Popped, ShedReason
+from .permits import Permits
+from .stats import AdmissionSnapshot, TenantSnapshot, TenantStats
+from .ticket import Handoff, Ticket, TicketState
+
+
+class Admission:
+    """Permits + fair queue + counters for one ingress."""
+
+    def __init__(self, config: AdmissionConfig, replicas: int = 1) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        self.config = config
+        self.replicas = replicas
+        self.permits = Permits(config.capacity_per_replica * replicas)
+        self.queue: FairQueue[Ticket] = FairQueue(
+            config.max_queue_per_tenant, config.max_queue_total,
+            servers=self.permits.capacity, ewma_alpha=config.ewma_alpha,
+            max_retry_after_s=config.max_retry_after_s,
+        )
+        self.stats: dict[str, TenantStats] = {}
+        self._ids = itertools.count(1)
+
+    # -- requests ------------------------------------------------------------
+    def submit(self, tenant: str, tier: str | None, now: float,
+               deadline_s: float | None = None) -> Ticket:
+        """Admit, queue or shed a new request.
+
+        ``tier`` None means the tenant's configured tier; ``deadline_s`` None
+        means ``default_deadline_s``. Changes the permits (admitted), the queue
+        (queued, and any displaced tickets, which come back SHED in
+        ``ticket.displaced``) and the counters.
+        """
+        tier = self.config.tier_of(tenant, tier)
+        weight = self.config.weight_of(tier)
+        if deadline_s is None:
+            deadline_s = self.config.default_deadline_s
+        ticket = Ticket(next(self._ids), tenant, tier, weight, now, now + deadline_s)
+        st = self._stats(tenant)
+        st.submitted += 1
+        if len(self.queue) == 0 and deadline_s > 0 and self.permits.try_acquire(ticket, tenant):
+            self._admit(ticket, now)
+            st.admitted_immediately += 1
+            return ticket
+        verdict = self.queue.push(ticket, tenant, weight, now, ticket.deadline)
+        if not isinstance(verdict, Admit):
+            self._shed(ticket, verdict.reason, verdict.retry_after_s)
+            return ticket
+        st.queued += 1
+        ticket.expected_wait_s = verdict.expected_wait_s
+        for other in verdict.displaced:
+            self._shed(other, ShedReason.DISPLACED, self._retry_hint(other))
+            ticket.displaced.append(other)
+        return ticket
+
+    def release(self, ticket: Ticket, now: float) -> Handoff:
+        """End ``ticket``: return its permit, or take it out of the queue.
+
+        Safe to call more than once and on shed tickets (no-op). Changes the
+        permits, the queue and the service-time estimate; returns the tickets
+        the freed permit went to, and any that expired on the way.
+        """
+        if ticket.state is TicketState.QUEUED:
+            self.queue.remove(ticket)
+            ticket.state = TicketState.CANCELLED
+            self._stats(ticket.tenant).cancelled += 1
+            return Handoff()
+        if ticket.state is not TicketState.ADMITTED:
+            return Handoff()
+        self.permits.release(ticket)
+        ticket.state = TicketState.RELEASED
+        ticket.released_at = now
+        self._stats(ticket.tenant).completed += 1
+        assert ticket.admitted_at is not None
+        self.queue.observe_service(now - ticket.admitted_at)
+        return self._fill(now)
+
+    def expire(self, now: float) -> list[Ticket]:
+        """Shed every queued ticket whose deadline passed. Changes the queue."""
+        dead = self.queue.expire(now)
+        for t in dead:
+            self._shed(t, ShedReason.EXPIRED, self._retry_hint(t))
+        return dead
+
+    def set_replicas(self, replicas: int, now: float) -> Handoff:
+        """Resize the permit pool to ``replicas * capacity_per_replica``.
+
+        Growing hands the new permits to queued tickets (returned); shrinking
+        revokes nothing, it only stops new grants until in-use falls below.
+        """
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        self.replicas = replicas
+        self.permits.set_capacity(self.config.capacity_per_replica * replicas)
+        self.queue.servers = self.permits.capacity
+        return self._fill(now)
+
+    # -- metrics -------------------------------------------------------------
+    def snapshot(self) -> AdmissionSnapshot:
+        """Counters and gauges per tenant, copied. Changes nothing."""
+        in_use = self.permits.in_use_by_tenant()
+        lengths = self.queue.lengths()
+        tenants = {
+            t: TenantSnapshot(st.copy(), in_use.get(t, 0), lengths.get(t, 0))
+            for t, st in self.stats.items()
+        }
+        return AdmissionSnapshot(self.permits.capacity, self.permits.in_use, len(self.queue),
+                                 self.queue.service_time_s, tenants)
+
+    # -- internals -----------------------------------------------------------
+    def _stats(self, tenant: str) -> TenantStats:
+        st = self.stats.get(tenant)
+        if st is None:
+            st = self.stats[tenant] = TenantStats()
+        return st
+
+    def _admit(self, ticket: Ticket, now: float) -> None:
+        ticket.state = TicketState.ADMITTED
+        ticket.admitted_at = now
+        st = self._stats(ticket.tenant)
+        st.admitted += 1
+        st.observe_queue_time(now - ticket.submitted_at)
+
+    def _shed(self, ticket: Ticket, reason: ShedReason, retry_after_s: int) -> None:
+        ticket.state = TicketState.SHED
+        ticket.reason = reason
+        ticket.retry_after_s = retry_after_s
+        self._stats(ticket.tenant).count_shed(reason)
+
+    def _retry_hint(self, ticket: Ticket) -> int:
+        return self.queue.retry_after(self.queue.estimate_wait(ticket.tenant, ticket.weight))
+
+    def _fill(self, now: float) -> Handoff:
+        out = Handoff()
+        while self.permits.free > 0 and len(self.queue):
+            popped: Popped[Ticket] = self.queue.pop(now)
+            for t in popped.expired:
+                self._shed(t, ShedReason.EXPIRED, self._retry_hint(t))
+                out.shed.append(t)
+            if popped.item is None:
+                break
+            self.permits.try_acquire(popped.item, popped.item.tenant)
+            self._admit(popped.item, now)
+            out.admitted.append(popped.item)
+        return out

@@ -1,0 +1,159 @@
+"""asyncio shell around ``Admission``: wait for a permit, or raise ``Shed``.
+
+    permit = await gate.acquire(tenant, tier, deadline_s)   # may raise Shed
+    try:
+        async for chunk in engine.generate(...):
+            ...
+            if finished: permit.release()   # generation ended: free the engine
+        ...stream the rest to a slow reader...
+    finally:
+        permit.release()                     # no-op if already released
+
+or ``async with gate.slot(tenant, tier, deadline_s) as permit:``.
+
+Each queued request waits on an ``asyncio.Future`` and has a timer at its
+deadline; a release, a capacity change or the timer resolves the future.
+Cancelling a waiting ``acquire`` takes the ticket out of the queue (or, if a
+permit was granted in the meantime, gives it straight back). This is the only
+module that reads the clock (``time.monotonic``). Call everything from the
+event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from .admission import Admission
+from .stats import AdmissionSnapshot
+from .ticket import Handoff, Ticket, TicketState
+
+
+class Shed(Exception):
+    """The request was shed: answer ``429`` with ``Retry-After: retry_after_s``."""
+
+    status_code = 429
+
+    def __init__(self, retry_after_s: int, reason: str) -> None:
+        super().__init__(f"shed ({reason}); retry after {retry_after_s}s")
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class Permit:
+    """A granted permit. ``release`` is idempotent and synchronous."""
+
+    def __init__(self, gate: AsyncAdmission, ticket: Ticket) -> None:
+        self._gate = gate
+        self.ticket = ticket
+
+    @property
+    def released(self) -> bool:
+        return self.ticket.state is not TicketState.ADMITTED
+
+    def release(self) -> None:
+        """Return the permit and wake the next queued request; later calls do nothing."""
+        self._gate._release(self.ticket)
+
+    async def __aenter__(self) -> Permit:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class AsyncAdmission:
+    """Async front for one ``Admission``; owns the futures and deadline timers."""
+
+    def __init__(self, admission: Admission,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.admission = admission
+        self._clock = clock
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        self._timers: dict[Ticket, asyncio.TimerHandle] = {}
+
+    async def acquire(self, tenant: str, tier: str | None = None,
+                      deadline_s: float | None = None) -> Permit:
+        """Wait until admitted and return the permit; raise ``Shed`` if shed.
+
+        Changes the admission state; cancelling the await dequeues the request.
+        """
+        ticket = self.admission.submit(tenant, tier, self._clock(), deadline_s)
+        self._shed_all(ticket.displaced)
+        if ticket.state is TicketState.ADMITTED:
+            return Permit(self, ticket)
+        if ticket.state is TicketState.SHED:
+            raise _shed_error(ticket)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters[ticket] = fut
+        delay = max(0.0, ticket.deadline - self._clock())
+        self._timers[ticket] = loop.call_later(delay, self._on_deadline, ticket)
+        try:
+            await fut
+        except BaseException:
+            self._forget(ticket)
+            if ticket.state is TicketState.QUEUED or ticket.state is TicketState.ADMITTED:
+                self._release(ticket)  # dequeue, or hand a just-granted permit on
+            raise
+        return Permit(self, ticket)
+
+    @asynccontextmanager
+    async def slot(self, tenant: str, tier: str | None = None,
+                   deadline_s: float | None = None) -> AsyncIterator[Permit]:
+        """``acquire`` as a context manager; releases on exit (if not released already)."""
+        permit = await self.acquire(tenant, tier, deadline_s)
+        try:
+            yield permit
+        finally:
+            permit.release()
+
+    def set_replicas(self, replicas: int) -> None:
+        """Resize the permit pool and wake whoever the new permits go to."""
+        self._wake(self.admission.set_replicas(replicas, self._clock()))
+
+    def snapshot(self) -> AdmissionSnapshot:
+        """Counters and gauges from the pure controller. Changes nothing."""
+        return self.admission.snapshot()
+
+    # -- internals -----------------------------------------------------------
+    def _release(self, ticket: Ticket) -> None:
+        self._wake(self.admission.release(ticket, self._clock()))
+
+    def _on_deadline(self, ticket: Ticket) -> None:
+        self._timers.pop(ticket, None)
+        if ticket.state is TicketState.QUEUED:
+            # The timer may fire a hair early; judge at the deadline itself.
+            now = max(self._clock(), ticket.deadline)
+            self._shed_all(self.admission.expire(now))
+
+    def _wake(self, handoff: Handoff) -> None:
+        for t in handoff.admitted:
+            fut = self._forget(t)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            # A done future means the waiter was cancelled; its handler
+            # sees ADMITTED and releases the permit.
+        self._shed_all(handoff.shed)
+
+    def _shed_all(self, tickets: list[Ticket] | tuple[Ticket, ...]) -> None:
+        for t in tickets:
+            fut = self._forget(t)
+            if fut is not None and not fut.done():
+                fut.set_exception(_shed_error(t))
+
+    def _forget(self, ticket: Ticket) -> asyncio.Future[None] | None:
+        timer = self._timers.pop(ticket, None)
+        if timer is not None:
+            timer.cancel()
+        return self._waiters.pop(ticket, None)
+
+
+def _shed_error(ticket: Ticket) -> Shed:
+    return Shed(ticket.retry_after_s or 1, str(ticket.reason))

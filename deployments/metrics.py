@@ -1,0 +1,64 @@
+"""Prometheus metrics of one ingress replica, served at GET /metrics.
+
+Latency histograms (TTFT, TPOT, end-to-end, queue time), admission (permits
+in use, shed requests per tenant), routing (decisions by reason, re-pins, the
+block-weighted prefix hit ratio as the engines count it) and KV bytes moved
+from the Mooncake store into decode replicas.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
+    """K and V bytes one token occupies across all layers (from config.json)."""
+    c = json.loads((model_dir / "config.json").read_text())
+    heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    kv_heads = c.get("num_key_value_heads") or heads
+    size = _DTYPE_BYTES.get(dtype if dtype != "auto" else str(c.get("torch_dtype", "bfloat16")), 2)
+    return 2 * c["num_hidden_layers"] * kv_heads * head_dim * size
+
+
+class IngressMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("baton_ttft_seconds", "time to first token", buckets=_LATENCY, registry=r)
+        self.tpot = Histogram("baton_tpot_seconds", "time per output token after the first",
+                              buckets=_LATENCY, registry=r)
+        self.e2e = Histogram("baton_e2e_seconds", "request latency, end to end", buckets=_LATENCY, registry=r)
+        self.queue = Histogram("baton_queue_seconds", "time waiting for an engine permit",
+                               buckets=_LATENCY, registry=r)
+        self.permits = Gauge("baton_permits_in_use", "engine permits held", ["tenant"], registry=r)
+        self.shed = Counter("baton_shed_total", "requests rejected with 429", ["tenant", "reason"], registry=r)
+        self.decisions = Counter("baton_route_decisions_total", "routing decisions",
+                                 ["pool", "reason"], registry=r)
+        self.repins = Counter("baton_repins_total", "session pins moved to another replica",
+                              ["pool"], registry=r)
+        self.hit_blocks = Counter("baton_prefix_hit_blocks_total", "prompt blocks not recomputed", registry=r)
+        self.prompt_blocks = Counter("baton_prompt_blocks_total", "full prompt blocks", registry=r)
+        self.hit_ratio = Gauge("baton_prefix_hit_ratio", "block-weighted prefix hit ratio", registry=r)
+        self.kv_bytes = Counter("baton_kv_bytes_moved_total", "KV bytes loaded by decode from the store",
+                                registry=r)
+        for pool in ("prefill", "decode"):
+            self.repins.labels(pool)
+        self._hits = self._blocks = 0
+
+    def record_hit(self, hit_blocks: int, prompt_blocks: int) -> None:
+        """Adds one request to the block-weighted hit ratio."""
+        self._hits += hit_blocks
+        self._blocks += prompt_blocks
+        self.hit_blocks.inc(hit_blocks)
+        self.prompt_blocks.inc(prompt_blocks)
+        if self._blocks:
+            self.hit_ratio.set(self._hits / self._blocks)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
