@@ -110,6 +110,7 @@ BENCHES = {
     "serve": "cluster.bench_serve",
     "load": "cluster.bench_load",
     "affinity": "cluster.bench_affinity",
+    "overload": "cluster.bench_overload",
     "router": "routing.bench_router",
 }
 
