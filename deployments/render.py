@@ -27,6 +27,8 @@ class Completion:
     model: str
     prompt_tokens: int
     created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
     text: str = ""
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -40,6 +42,8 @@ class Completion:
 
     def add(self, chunk: EngineChunk) -> None:
         """Folds one engine delta into the totals."""
+        if self.first_token_at is None and chunk.token_ids:
+            self.first_token_at = time.monotonic()
         self.text += chunk.text
         self.completion_tokens += len(chunk.token_ids)
         self.token_ids.extend(chunk.token_ids)

@@ -113,3 +113,44 @@ def parse(model: type[_Request], body: bytes) -> _Request:
         else:
             msg = f"Invalid value for '{loc}': {err['msg']}"
         raise APIError(400, msg, param=loc or None) from None
+
+
+def _inline(node, defs: dict):
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {k: _inline(v, defs) for k, v in node.items() if k != "$defs"}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
+ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+
+
+def openapi_operation(model: type[BaseModel]) -> dict:
+    """OpenAPI request body and responses for a route that parses `model` itself.
+
+    The routes read the raw body (so that bad JSON becomes a clean 400), which
+    hides the schema from FastAPI; this puts it back for clients and fuzzers.
+    """
+    schema = model.model_json_schema()
+    body = _inline(schema, schema.get("$defs", {}))
+    error = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "200": {"description": "completion (JSON, or SSE when stream=true)", "content": {
+                "application/json": {"schema": {"type": "object", "required": ["id", "choices"]}},
+                "text/event-stream": {"schema": {"type": "string"}}}},
+            **{code: {"description": desc, **error} for code, desc in [
+                ("400", "invalid request"), ("401", "bad API key"), ("404", "unknown model"),
+                ("429", "shed: retry after Retry-After seconds"), ("503", "engine unavailable"),
+                ("504", "timed out")]},
+        },
+    }
