@@ -27,7 +27,7 @@ from deployments.admission import max_min_fair_share
 KEYS = {"heavy": "key-heavy", "light": "key-light"}
 
 
-def _specs(rate: float, duration_s: float, seed: int, max_tokens: int) -> list[RequestSpec]:
+def _specs(rate: float, duration_s: float, seed: int, max_tokens: int, deadline_s: float) -> list[RequestSpec]:
     specs: list[RequestSpec] = []
     for tenant, share in (("heavy", 10 / 11), ("light", 1 / 11)):
         n = max(1, round(rate * share * duration_s))
@@ -36,7 +36,7 @@ def _specs(rate: float, duration_s: float, seed: int, max_tokens: int) -> list[R
                 index=len(specs), at_s=at, endpoint=CHAT, session_id=tenant,
                 body={"messages": [{"role": "user", "content": f"{tenant} request {len(specs)}"}],
                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
-                headers={"authorization": f"Bearer {KEYS[tenant]}", "x-baton-deadline-s": "5"},
+                headers={"authorization": f"Bearer {KEYS[tenant]}", "x-baton-deadline-s": str(deadline_s)},
                 output_tokens=max_tokens))
     return specs
 
@@ -44,12 +44,14 @@ def _specs(rate: float, duration_s: float, seed: int, max_tokens: int) -> list[R
 def _status(r) -> int:
     if r.ok:
         return 200
-    m = re.match(r"HTTP (\d+)", r.error or "")
+    m = re.search(r"HTTP (\d+)", r.error or "")
     return int(m.group(1)) if m else 0  # 0: transport error or timeout
 
 
 def _level(url: str, capacity_rps: float, x: float, args) -> dict:
-    specs = _specs(capacity_rps * x, args.duration, args.seed, args.max_tokens)
+    # The queueing deadline is the TTFT SLO: a request that cannot start in
+    # time is told so at once (429) instead of waiting to miss it.
+    specs = _specs(capacity_rps * x, args.duration, args.seed, args.max_tokens, args.slo_ttft)
     start = time.perf_counter()
     results, _ = run(url, specs, timeout_s=60, slo_ttft_s=args.slo_ttft, label=f"{x:g}x")
     wall = time.perf_counter() - start
