@@ -118,7 +118,13 @@ BENCHES = {
 def cmd_bench(args) -> int:
     import importlib
 
-    return importlib.import_module(BENCHES[args.what]).main(args.rest)
+    return importlib.import_module(BENCHES[args.what]).main(args.extra)
+
+
+def cmd_deploy(args) -> int:
+    from cluster import deploy
+
+    return deploy.main((["--config", args.config] if args.config else []) + args.extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,14 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="health of each component")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
+    dp = sub.add_parser("deploy", add_help=False,
+                        help="deploy the app onto a running Ray cluster (docs/deploy.md)")
+    dp.set_defaults(fn=cmd_deploy)
     md = sub.add_parser("model", help="generate the default tiny model")
     md.add_argument("--force", action="store_true")
     md.set_defaults(fn=cmd_model)
-    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
+    bench = sub.add_parser("bench", add_help=False, help="benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("what", choices=list(BENCHES))
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(fn=cmd_bench)
-    args = parser.parse_args(argv)
+    # deploy and bench pass their own options through to their modules.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.cmd not in ("deploy", "bench"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     try:
         return args.fn(args)
     except ConfigError as exc:

@@ -63,6 +63,20 @@ class ReplicaResources(_Strict):
         return opts
 
 
+class AutoscalingSection(_Strict):
+    min_replicas: int = Field(1, ge=0, description="fewest replicas Serve keeps")
+    max_replicas: int = Field(4, ge=1, description="most replicas Serve may start")
+    target_ongoing_requests: float = Field(
+        8, gt=0, description="requests in flight per replica that Serve steers towards"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingSection":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
 class PoolConfig(_Strict):
     replicas: int = Field(1, ge=1, description="number of engine replicas in this pool")
     resources: ReplicaResources = Field(default_factory=ReplicaResources)
@@ -74,6 +88,9 @@ class PoolConfig(_Strict):
         description="KV cache per engine in GiB; null sizes it from gpu_memory_utilization",
     )
     max_ongoing_requests: int = Field(64, ge=1, description="Serve concurrency cap per replica")
+    autoscaling: AutoscalingSection | None = Field(
+        None, description="per-pool autoscaling (used by `baton deploy`); null keeps `replicas` fixed"
+    )
 
 
 class MooncakeConfig(_Strict):

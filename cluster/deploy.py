@@ -1,0 +1,337 @@
+"""`baton deploy`: the Baton app onto a Ray cluster that is already running.
+
+The cluster comes from `ray up cluster/ray_up/<provider>.yaml` (see
+docs/deploy.md): the head runs Redis and the Mooncake master, every worker a
+Mooncake store and a raylet advertising `prefill` or `decode`. This module
+connects to it (`ray.init(address=...)`) and calls Serve's deploy
+(`serve.run`) with the app graph from `deployments.app.build_app`.
+
+Cluster conventions, shared with cluster/ray_up/scripts/:
+
+- In a cluster config, a loopback host (`mooncake.host`, the host of
+  `redis.url`, `routing.events_host`) means "the head": `localize` swaps in
+  the head's IP, and the node scripts do the same when they start Redis, the
+  master and the stores.
+- The workers' Mooncake JSON lives at the same path on every node
+  (`$BATON_NODE_DIR/mooncake.json`, /tmp/baton/mooncake.json by default).
+  worker_start.sh writes it when a node joins; `deploy` rewrites it on every
+  live node from the config it deploys, with `kvstore.mooncake.write_worker_config`.
+- The KV indexer binds `routing.events_host`, so it is pinned to the head.
+
+Per-pool autoscaling is read from an optional `autoscaling` section of each
+pool (`min_replicas`, `max_replicas`, `target_ongoing_requests`, and
+optionally `upscale_delay_s`, `downscale_delay_s`) when cluster/config.py
+has one; until then the fixed `replicas` apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from cluster.config import BatonConfig, ConfigError, PoolConfig, load_config
+
+DEFAULT_NODE_DIR = "/tmp/baton"
+DEFAULT_WORKER_CONFIG = f"{DEFAULT_NODE_DIR}/mooncake.json"
+HEAD_RESOURCE = "node:__internal_head__"
+AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests",
+                    "upscale_delay_s", "downscale_delay_s")
+POOL_DEPLOYMENTS = {"prefill": "prefill", "decode": "decode"}
+READY_TIMEOUT_S = 1800
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def localize(cfg: BatonConfig, head_ip: str) -> tuple[BatonConfig, list[str]]:
+    """A copy of `cfg` with loopback hosts replaced by the head's IP.
+
+    Returns the copy and one line per change. Used by `deploy` and by
+    cluster/ray_up/scripts/node_env.py, so both compute the same addresses.
+    """
+    out = cfg.model_copy(deep=True)
+    changes: list[str] = []
+    if _is_loopback(out.mooncake.host):
+        changes.append(f"mooncake.host: {out.mooncake.host} -> {head_ip}")
+        out.mooncake.host = head_ip
+    url = urlparse(out.redis.url)
+    if _is_loopback(url.hostname):
+        netloc = head_ip + (f":{url.port}" if url.port else "")
+        if url.username or url.password:
+            netloc = f"{url.username or ''}:{url.password or ''}@{netloc}"
+        new = urlunparse(url._replace(netloc=netloc))
+        changes.append(f"redis.url: {out.redis.url} -> {new}")
+        out.redis.url = new
+    if _is_loopback(out.routing.events_host):
+        changes.append(f"routing.events_host: {out.routing.events_host} -> {head_ip}")
+        out.routing.events_host = head_ip
+    return out, changes
+
+
+def pool_autoscaling(pool: PoolConfig, name: str) -> dict[str, Any] | None:
+    """Serve's `autoscaling_config` for a pool, or None for a fixed size.
+
+    Reads `pool.autoscaling` (a pydantic model or a mapping) if the config has
+    one. `replicas` becomes Serve's `initial_replicas`, clamped to the bounds.
+    """
+    raw = getattr(pool, "autoscaling", None)
+    if raw is None:
+        return None
+    data = raw.model_dump(exclude_none=True) if hasattr(raw, "model_dump") else dict(raw)
+    if data.pop("enabled", True) is False:
+        return None
+    unknown = set(data) - set(AUTOSCALING_KEYS)
+    if unknown:
+        raise ConfigError(f"{name}.autoscaling: unknown key(s) {', '.join(sorted(unknown))}")
+    lo = int(data.get("min_replicas", 1))
+    hi = int(data.get("max_replicas", max(lo, pool.replicas)))
+    if lo < 0 or hi < 1 or hi < lo:
+        raise ConfigError(f"{name}.autoscaling: need 0 <= min_replicas <= max_replicas and "
+                          f"max_replicas >= 1 (got {lo}..{hi})")
+    target = float(data.get("target_ongoing_requests", 2))
+    if target <= 0:
+        raise ConfigError(f"{name}.autoscaling.target_ongoing_requests must be > 0")
+    out: dict[str, Any] = {
+        "min_replicas": lo,
+        "max_replicas": hi,
+        "initial_replicas": min(max(pool.replicas, lo, 1), hi),
+        "target_ongoing_requests": target,
+    }
+    for key in ("upscale_delay_s", "downscale_delay_s"):
+        if key in data:
+            out[key] = float(data[key])
+    return out
+
+
+def plan(cfg: BatonConfig) -> dict[str, Any]:
+    """What `deploy` will ask Serve for, per pool: a summary that is also printed."""
+    pools = {}
+    for name in ("decode",) if cfg.colocated else ("prefill", "decode"):
+        pool: PoolConfig = getattr(cfg, name)
+        auto = pool_autoscaling(pool, name)
+        pools[name] = {
+            "replicas": pool.replicas,
+            "autoscaling": auto,
+            "ray_actor_options": pool.resources.ray_actor_options(),
+            "max_ongoing_requests": pool.max_ongoing_requests,
+        }
+    result: dict[str, Any] = {"colocated": cfg.colocated, "pools": pools}
+    if not cfg.colocated:
+        result["pd_ratio"] = f"{cfg.prefill.replicas}:{cfg.decode.replicas}"
+    return result
+
+
+def _rewrite(app, overrides: dict[str, dict[str, Any]]):
+    """The same application graph with Serve options changed per deployment name.
+
+    `deployments.app.build_app` fixes `num_replicas`; autoscaling and the
+    indexer's head pin are applied here, with Serve's own
+    `Deployment.options`, so deployments/app.py stays the one place the
+    graph is defined.
+    """
+    from ray.serve import Application
+
+    dep = app._bound_deployment
+    args = tuple(_rewrite(a, overrides) if isinstance(a, Application) else a for a in dep.init_args)
+    kwargs = {k: _rewrite(v, overrides) if isinstance(v, Application) else v
+              for k, v in dep.init_kwargs.items()}
+    opts = dict(overrides.get(dep.name, {}))
+    if "ray_actor_options" in opts:
+        merged = dict(dep.ray_actor_options or {})
+        extra = opts.pop("ray_actor_options")
+        merged["resources"] = {**merged.get("resources", {}), **extra.get("resources", {})}
+        opts["ray_actor_options"] = merged
+    return Application(dep.options(_init_args=args, _init_kwargs=kwargs, **opts))
+
+
+def overrides(cfg: BatonConfig) -> dict[str, dict[str, Any]]:
+    """Per-deployment Serve options `deploy` adds to the graph of build_app."""
+    out: dict[str, dict[str, Any]] = {}
+    if not cfg.colocated:
+        # Engines publish KV events to routing.events_host, the head.
+        out["kv_indexer"] = {"ray_actor_options": {"resources": {HEAD_RESOURCE: 0.001}}}
+    for name, pinfo in plan(cfg)["pools"].items():
+        if pinfo["autoscaling"]:
+            out[POOL_DEPLOYMENTS[name]] = {"autoscaling_config": pinfo["autoscaling"]}
+    return out
+
+
+def build(cfg: BatonConfig, worker_config: Path):
+    """The application `deploy` hands to serve.run (needs Ray Serve, not a cluster)."""
+    from deployments.app import build_app
+
+    return _rewrite(build_app(cfg, worker_config), overrides(cfg))
+
+
+def head_ip_of_cluster() -> str:
+    import ray
+
+    for node in ray.nodes():
+        if node.get("Alive") and HEAD_RESOURCE in node.get("Resources", {}):
+            return node["NodeManagerAddress"]
+    raise RuntimeError("no live head node found in the Ray cluster")
+
+
+def distribute_worker_config(cfg: BatonConfig, path: Path) -> list[str]:
+    """Writes the workers' Mooncake JSON at `path` on every live node.
+
+    One zero-CPU task per node, pinned with NodeAffinitySchedulingStrategy.
+    Returns one line per node saying whether the file changed.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from kvstore import mooncake
+
+    wanted = mooncake.worker_config(cfg.mooncake)
+
+    @ray.remote(num_cpus=0)
+    def write(target: str, content: dict) -> tuple[str, str]:
+        import json as _json
+        from pathlib import Path as _Path
+
+        p = _Path(target)
+        before = p.read_text() if p.exists() else None
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(_json.dumps(content, indent=2))
+        state = "created" if before is None else ("unchanged" if _json.loads(before) == content else "updated")
+        return ray.util.get_node_ip_address(), state
+
+    refs = [
+        write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+        .remote(str(path), wanted)
+        for n in ray.nodes() if n.get("Alive")
+    ]
+    return [f"{ip}: {state}" for ip, state in ray.get(refs, timeout=120)]
+
+
+def _serve_run(app, timeout_s: float, wait: bool) -> None:
+    """serve.run in a thread (it blocks until RUNNING), printing status changes.
+
+    Returns once the app is RUNNING, or, with wait=False, once Serve knows it.
+    """
+    import threading
+
+    from ray import serve
+
+    from deployments.app import APP_NAME
+
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            error.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if error:
+            raise RuntimeError(f"Serve deployment failed: {error[0]}")
+        try:
+            status = serve.status().applications.get(APP_NAME)
+        except Exception:  # noqa: BLE001 - controller still starting
+            status = None
+        if status is not None:
+            line = ", ".join(f"{n} {d.status.value}" for n, d in status.deployments.items())
+            if line != last:
+                print(f"  {status.status.value}: {line}", flush=True)
+                last = line
+            if status.status.value == "DEPLOY_FAILED":
+                raise RuntimeError(f"Serve deployment failed: {status.message}")
+            if not wait and status.status.value in ("DEPLOYING", "RUNNING") and status.deployments:
+                return
+            if status.status.value == "RUNNING" and not thread.is_alive():
+                return
+        time.sleep(2)
+    raise TimeoutError(f"the app was not RUNNING after {timeout_s:.0f}s (Serve keeps deploying it)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="baton deploy", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="Baton config YAML (default: $BATON_CONFIG or built-in defaults)")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                   help="Ray cluster: 'auto' on the head, or ray://HEAD:10001 (default: $RAY_ADDRESS or auto)")
+    p.add_argument("--worker-config", default=os.environ.get("BATON_WORKER_CONFIG", DEFAULT_WORKER_CONFIG),
+                   help=f"path of the workers' Mooncake JSON on every node (default {DEFAULT_WORKER_CONFIG})")
+    p.add_argument("--head-ip", help="the head's IP for loopback hosts in the config (default: from Ray)")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; connect to nothing")
+    p.add_argument("--no-wait", action="store_true", help="return once Serve accepted the app")
+    p.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for RUNNING")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    path = args.config or os.environ.get("BATON_CONFIG")
+    source = path or "<defaults>"
+    try:
+        cfg = load_config(path)
+        summary = plan(cfg)
+    except ConfigError as exc:
+        print(f"baton deploy: {exc}", file=sys.stderr)
+        return 2
+    worker_config = Path(args.worker_config)
+    if not worker_config.is_absolute():
+        print("baton deploy: --worker-config must be an absolute path (the same on every node)",
+              file=sys.stderr)
+        return 2
+    print(f"config {source}")
+    print(json.dumps(summary, indent=2))
+    if args.dry_run:
+        if args.head_ip:
+            for line in localize(cfg, args.head_ip)[1]:
+                print(f"  {line}")
+        return 0
+    try:
+        from actors import engine_args
+
+        engine_args.validate(cfg, source)
+    except ImportError:
+        print("  (vLLM not installed here: engine_args are checked by the replicas)")
+    except ConfigError as exc:
+        print(f"baton deploy: {exc}", file=sys.stderr)
+        return 2
+
+    import ray
+    from ray import serve
+
+    ray.init(address=args.address, namespace="baton", logging_level="WARNING")
+    try:
+        head_ip = args.head_ip or head_ip_of_cluster()
+        cfg, changes = localize(cfg, head_ip)
+        print(f"head {head_ip}")
+        for line in changes:
+            print(f"  {line}")
+        print(f"workers' Mooncake config {worker_config}:")
+        for line in distribute_worker_config(cfg, worker_config):
+            print(f"  {line}")
+        serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+        _serve_run(build(cfg, worker_config), args.timeout, wait=not args.no_wait)
+        print(f"Baton is deployed: http://{head_ip}:{cfg.serve.port}/v1/chat/completions")
+        return 0
+    except (RuntimeError, TimeoutError, ConfigError) as exc:
+        print(f"baton deploy: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Baton's processes on the head, run by the cluster YAML's
+# head_start_ray_commands before `ray start --head`:
+#   - Redis (routing state: prefix index, session pins, replica registry),
+#     on redis.url's port, reachable from the workers;
+#   - the Mooncake master with its HTTP metadata server (master_port,
+#     metadata_port, master_metrics_port).
+# --with-store also runs a Mooncake store here (the one-machine local flow,
+# where fake worker nodes run no start commands of their own).
+# Restarts what it started before (pid files in $BATON_NODE_DIR).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh"
+
+WITH_STORE=false
+for arg in "$@"; do
+    case $arg in
+        --with-store) WITH_STORE=true ;;
+        *) die "unknown argument $arg (usage: head_start.sh [--with-store])" ;;
+    esac
+done
+
+HEAD_IP=${RAY_HEAD_IP:-$(node_ip)}
+mkdir -p "$BATON_NODE_DIR"
+load_config_env "$HEAD_IP"
+log "head $HEAD_IP, config ${BATON_CONFIG}"
+
+if [ "$BATON_REDIS_START" = true ]; then
+    # Bound to the private IP and loopback; the cluster's security group /
+    # firewall keeps it private (protected mode would refuse the workers).
+    start_daemon redis "$(command -v redis-server || die 'redis-server not installed')" \
+        --bind "$HEAD_IP" 127.0.0.1 --port "$BATON_REDIS_PORT" --protected-mode no \
+        --save '' --appendonly no --dir "$BATON_NODE_DIR"
+    wait_port redis "$HEAD_IP" "$BATON_REDIS_PORT" 30
+fi
+
+start_daemon mooncake-master "$(venv_bin mooncake_master)" \
+    "--rpc_port=$MOONCAKE_MASTER_PORT" \
+    "--rpc_address=$HEAD_IP" \
+    "--enable_http_metadata_server=true" \
+    "--http_metadata_server_host=0.0.0.0" \
+    "--http_metadata_server_port=$MOONCAKE_METADATA_PORT" \
+    "--metrics_host=0.0.0.0" \
+    "--metrics_port=$MOONCAKE_MASTER_METRICS_PORT" \
+    "--enable_offload=$MOONCAKE_ENABLE_OFFLOAD" \
+    "--logtostderr"
+wait_port mooncake-master "$HEAD_IP" "$MOONCAKE_MASTER_PORT" 60
+wait_port mooncake-master "$HEAD_IP" "$MOONCAKE_METADATA_PORT" 30
+
+if [ "$WITH_STORE" = true ]; then
+    write_worker_json "$HEAD_IP" "$BATON_NODE_DIR/mooncake.json"
+    start_store "$HEAD_IP" "$HEAD_IP"
+fi
+log "head services ready"
