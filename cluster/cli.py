@@ -53,8 +53,8 @@ def cmd_up(args) -> int:
               flush=True)
         while not stop["now"]:
             time.sleep(1)
-            if dead := stack.dead_children():
-                print(f"component(s) exited: {', '.join(dead)}; see {stack.log_dir}", file=sys.stderr)
+            if revived := stack.revive(time.monotonic()):
+                print(f"restarted {', '.join(revived)} after it exited; see {stack.log_dir}", file=sys.stderr)
     except KeyboardInterrupt:
         pass
     finally:

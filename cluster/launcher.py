@@ -39,6 +39,7 @@ class LocalStack:
         self.children: list[ManagedProcess] = []
         self.ray_started = False
         self.serve_error: BaseException | None = None
+        self._restarted: dict[str, float] = {}
 
     # -- steps ------------------------------------------------------------------
 
@@ -154,8 +155,22 @@ class LocalStack:
         }
         state_file(self.cfg).write_text(json.dumps(state, indent=2))
 
-    def dead_children(self) -> list[str]:
-        return [c.name for c in self.children if not c.alive()]
+    def revive(self, now: float, backoff_s: float = 5.0) -> list[str]:
+        """Restarts children that exited (at most once per `backoff_s` each).
+
+        Serving goes on without them meanwhile (a dead store means requests
+        recompute their KV); returns the names restarted.
+        """
+        revived = []
+        for child in self.children:
+            if child.alive() or now - self._restarted.get(child.name, 0.0) < backoff_s:
+                continue
+            self._restarted[child.name] = now
+            child.start()
+            revived.append(child.name)
+        if revived:
+            self._write_state()
+        return revived
 
     def down(self) -> None:
         """Stops Serve, Ray and the children in reverse order; idempotent."""

@@ -1,0 +1,40 @@
+"""Killing the Mooncake store mid-run: requests keep succeeding by
+recomputing, `baton status` reports the store degraded, and `baton up`
+restarts it, after which decode loads KV from the store again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.e2e import prompts
+from tests.e2e.test_routing import chat
+
+
+def _state(stack) -> dict:
+    return json.loads((Path(stack.cfg["state_dir"]) / "state.json").read_text())
+
+
+def _store_state(stack) -> str:
+    report = json.loads(stack.baton("status", "--json").stdout)
+    return next(c["state"] for c in report["components"] if c["name"] == "mooncake")
+
+
+def test_requests_survive_the_store_dying_and_it_comes_back(stack):
+    before = chat(stack, prompts.make("store-before", 200)).json()["baton"]
+    assert before["decode_cached_tokens"] > 0
+    store_pid = _state(stack)["children"]["mooncake-store"]
+    os.kill(store_pid, signal.SIGKILL)
+    for i in range(3):  # served meanwhile, recomputing what the store cannot give
+        r = chat(stack, prompts.make(f"store-down-{i}", 200))
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    deadline = time.monotonic() + 60
+    while (_state(stack)["children"]["mooncake-store"] == store_pid
+           or _store_state(stack) != "healthy") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _store_state(stack) == "healthy"
+    after = chat(stack, prompts.make("store-after", 200)).json()["baton"]
+    assert after["decode_cached_tokens"] > 0  # KV flows through the new store
