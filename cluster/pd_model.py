@@ -142,6 +142,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class Slo:
+    """Latency targets of one request, and the share of requests that must meet both."""
+
     ttft_s: float
     tpot_s: float
     attainment: float = 0.9  # share of requests that must meet both, for `max_rate`

@@ -59,9 +59,10 @@ def test_pd_ratio_notebook_small(tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
-    out = tmp_path / "out"
+    out, stacks = tmp_path / "out", tmp_path / "stacks"
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    inject_parameters(nb, {"SMALL": True, "OUT_DIR": str(out), "DOCS_IMG_DIR": None})
+    # SMALL also writes the plots into OUT_DIR, never into docs/img.
+    inject_parameters(nb, {"SMALL": True, "OUT_DIR": str(out), "STACK_DIR": str(stacks)})
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", interrupt_on_timeout=True,
                             resources={"metadata": {"path": str(REPO / "notebooks")}})
     started = time.monotonic()
@@ -69,7 +70,7 @@ def test_pd_ratio_notebook_small(tmp_path):
         client.execute()
     finally:
         nbformat.write(nb, tmp_path / "pd_ratio.executed.ipynb")  # for a look after a failure
-        leftovers = stop_leftover_stacks(out / "stacks")
+        leftovers = stop_leftover_stacks(stacks)
     elapsed = time.monotonic() - started
     assert leftovers == [], "the notebook left a stack running"
 
