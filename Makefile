@@ -9,7 +9,7 @@ STAMP := $(VENV)/.baton-installed-$(EXTRAS)
 APT_PKGS := libibverbs1 librdmacm1 libnuma1 redis-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install sysdeps venv model serve test test-unit test-e2e down status clean
+.PHONY: install sysdeps venv model serve test test-unit test-e2e test-cluster down status clean
 
 install: sysdeps $(STAMP) model
 
@@ -50,6 +50,11 @@ test: install
 
 test-unit: install
 	$(BIN)/python -m pytest -v tests/unit
+
+# The one-machine cluster flow alone (local_up.sh, baton deploy, placement,
+# autoscaling, --down); `make test` runs it too, in its third pytest run.
+test-cluster: install
+	$(BIN)/python -m pytest -v -rs --timeout=900 tests/cluster
 
 clean:
 	rm -rf $(VENV) models .baton

@@ -203,11 +203,20 @@ def distribute_worker_config(cfg: BatonConfig, path: Path) -> list[str]:
         import json as _json
         from pathlib import Path as _Path
 
+        import os as _os
+
         p = _Path(target)
-        before = p.read_text() if p.exists() else None
+        try:
+            before = _json.loads(p.read_text()) if p.exists() else None
+        except ValueError:
+            before = "unreadable"
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(_json.dumps(content, indent=2))
-        state = "created" if before is None else ("unchanged" if _json.loads(before) == content else "updated")
+        # Atomic: nodes that share a filesystem (the one-machine flow, NFS
+        # homes) write the same file at once; a reader never sees it half-written.
+        tmp = p.with_name(f".{p.name}.{_os.getpid()}.tmp")
+        tmp.write_text(_json.dumps(content, indent=2))
+        _os.replace(tmp, p)
+        state = "created" if before is None else ("unchanged" if before == content else "updated")
         return ray.util.get_node_ip_address(), state
 
     refs = [
@@ -263,6 +272,17 @@ def _serve_run(app, timeout_s: float, wait: bool) -> None:
     raise TimeoutError(f"the app was not RUNNING after {timeout_s:.0f}s (Serve keeps deploying it)")
 
 
+def use_cluster_token() -> None:
+    """Clients of a `ray start` cluster send its token (Ray 2.60 enables token
+    auth there by default; the token is ~/.ray/auth_token, or RAY_AUTH_TOKEN /
+    RAY_AUTH_TOKEN_PATH). Without RAY_AUTH_MODE=token the driver is refused."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="baton deploy", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="Baton config YAML (default: $BATON_CONFIG or built-in defaults)")
@@ -299,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in localize(cfg, args.head_ip)[1]:
                 print(f"  {line}")
         return 0
+    use_cluster_token()  # before anything imports ray (vLLM does), which reads it once
     try:
         from actors import engine_args
 

@@ -29,8 +29,10 @@ log "head $HEAD_IP, config ${BATON_CONFIG}"
 if [ "$BATON_REDIS_START" = true ]; then
     # Bound to the private IP and loopback; the cluster's security group /
     # firewall keeps it private (protected mode would refuse the workers).
+    REDIS_BIND=("$HEAD_IP")
+    [ "$HEAD_IP" = 127.0.0.1 ] || REDIS_BIND+=(127.0.0.1)
     start_daemon redis "$(command -v redis-server || die 'redis-server not installed')" \
-        --bind "$HEAD_IP" 127.0.0.1 --port "$BATON_REDIS_PORT" --protected-mode no \
+        --bind "${REDIS_BIND[@]}" --port "$BATON_REDIS_PORT" --protected-mode no \
         --save '' --appendonly no --dir "$BATON_NODE_DIR"
     wait_port redis "$HEAD_IP" "$BATON_REDIS_PORT" 30
 fi
