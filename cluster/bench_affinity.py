@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 
 from cluster import loadgen
 from cluster.bench_load import run
-from cluster.config import load_config
-from cluster.stack_process import StackProcess, write_config
+from cluster.stack_process import StackProcess, bench_workdir, write_config
 
 
 def _turn_stats(results) -> dict:
@@ -44,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--decode-replicas", type=int, default=2)
     args = parser.parse_args(argv)
-    workdir = load_config(None, environ={}).state_path() / "bench-affinity"
-    shutil.rmtree(workdir, ignore_errors=True)
+    workdir = bench_workdir("bench-affinity")
     out: dict = {"workload": vars(args)}
     for policy in ("baton", "round_robin"):
         specs = loadgen.synthetic_workload("agentic", args.sessions, seed=1, turns=args.turns,

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
 import time
 
 from cluster import loadgen
 from cluster.bench_load import run
-from cluster.config import load_config
 from cluster.loadgen import CHAT, RequestSpec
-from cluster.stack_process import StackProcess, write_config
+from cluster.stack_process import StackProcess, bench_workdir, write_config
 from deployments.admission import max_min_fair_share
 
 KEYS = {"heavy": "key-heavy", "light": "key-light"}
@@ -82,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-per-replica", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    workdir = load_config(None, environ={}).state_path() / "bench-overload"
-    shutil.rmtree(workdir, ignore_errors=True)
+    workdir = bench_workdir("bench-overload")
     stack = StackProcess(write_config(
         workdir, tracing={"exporter": "none"},
         serve={"api_keys": {KEYS["heavy"]: "heavy", KEYS["light"]: "light"}},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,14 @@ from pathlib import Path
 from cluster.bench_load import run_async
 from cluster.config import load_config
 from cluster.loadgen import CHAT, RequestSpec
-from cluster.stack_process import REPO, StackProcess, free_ports, port_ready, write_config
+from cluster.stack_process import (
+    REPO,
+    StackProcess,
+    bench_workdir,
+    free_ports,
+    port_ready,
+    write_config,
+)
 
 CORPUS = (REPO / "cluster" / "assets" / "corpus.txt").read_text().split()
 
@@ -97,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
     out: dict = {"workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_words", "output_tokens")}}
-    # Configs and logs of each system stay here for a look after the run.
-    workdir = load_config(None, environ={}).state_path() / "bench-serve"
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    print(f"logs in {workdir}", file=sys.stderr)
+    workdir = bench_workdir("bench-serve")
     if "disaggregated" in systems:
         out["baton_disaggregated"] = _baton(workdir, False, "baton_disaggregated", args)
     if "colocated" in systems:

@@ -54,6 +54,20 @@ def port_ready(host: str, port: int, proc: subprocess.Popen, timeout: float, pat
     raise TimeoutError(f"{host}:{port}{path} not ready in {timeout:.0f}s")
 
 
+def bench_workdir(name: str) -> Path:
+    """A fresh folder for one benchmark's stack configs and logs, under the
+    default state dir, kept after the run for a look at the logs."""
+    import shutil
+
+    from cluster.config import load_config
+
+    workdir = load_config(None, environ={}).state_path() / name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    print(f"configs and logs in {workdir}", file=sys.stderr)
+    return workdir
+
+
 def write_config(workdir: Path, **overrides) -> Path:
     p = free_ports(8)
     cfg = {
