@@ -115,3 +115,8 @@ class KVIndexer:
     async def check_health(self) -> None:
         if not self.loop.thread.is_alive():
             raise RuntimeError("KV indexer thread died")
+
+    def __del__(self):
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.stop()
