@@ -1,8 +1,9 @@
 """Turns a pool's config into vLLM engine arguments for one role.
 
 Roles: `prefill` writes KV into Mooncake (kv_producer), `decode` reads it
-(kv_consumer), and `colocated` is a plain engine with no connector, the peer
-Baton is compared against.
+(kv_consumer), both through BatonStoreConnector (kvstore/connector.py), and
+`colocated` is a plain engine with no connector, the peer Baton is compared
+against.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from cluster.config import BatonConfig, ConfigError
+from cluster.config import BatonConfig, ConfigError, parse_size
 
 Role = Literal["prefill", "decode", "colocated"]
 _KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -38,10 +39,24 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
     kwargs.update(pool.engine_args)
     if role in _KV_ROLE:
         kwargs["kv_transfer_config"] = {
-            "kv_connector": "MooncakeStoreConnector",
+            "kv_connector": "BatonStoreConnector",
+            "kv_connector_module_path": "kvstore.connector",
             "kv_role": _KV_ROLE[role],
+            "kv_connector_extra_config": connector_extra(cfg),
         }
     return kwargs
+
+
+def connector_extra(cfg: BatonConfig) -> dict[str, Any]:
+    """kv_connector_extra_config for BatonStoreConnector: the spill tier, if on."""
+    m = cfg.mooncake
+    if not m.spill:
+        return {}
+    return {"baton_spill": {
+        "dir": str(cfg.spill_path()),
+        "cap_bytes": parse_size(m.spill_cap),
+        "min_free_bytes": parse_size(m.spill_min_free),
+    }}
 
 
 def validate(cfg: BatonConfig, source: str) -> None:

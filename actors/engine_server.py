@@ -52,7 +52,7 @@ class EngineServer:
         tracing.setup(self.cfg.tracing, f"baton-{role}", REPO_ROOT)
         self.replica = self._replica_id()
         args = engine_args.build(self.cfg, role, topic=self.replica)
-        if role == "prefill":
+        if role != "colocated":
             args.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         self.engine = AsyncLLM.from_engine_args(args)
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {

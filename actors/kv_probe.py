@@ -7,8 +7,9 @@ The prefill replica therefore asks, through `collective_rpc`, how many store
 jobs of its request are still queued, and hands the request to decode once
 that reaches zero.
 
-Loaded into the worker process with `worker_extension_cls`; it reads the
-connector's state and changes nothing.
+It also reports the counters of the worker's NVMe spill tier
+(kvstore/spill_store.py). Loaded into the worker process with
+`worker_extension_cls`; it reads the connector's state and changes nothing.
 """
 
 from __future__ import annotations
@@ -34,3 +35,9 @@ class KVProbeExtension:
             for req_id, jobs in list(sender.stored_requests.items())
             if req_id == request_id or req_id.startswith(prefix)
         )
+
+    def spill_stats(self) -> dict:
+        """Counters of this worker's spill tier (promotions, spills, evictions, pending); {} if off."""
+        from kvstore.connector import ACTIVE
+
+        return ACTIVE[-1].snapshot() if ACTIVE else {}

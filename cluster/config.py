@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
@@ -25,6 +25,26 @@ ENV_PREFIX = "BATON__"
 
 class ConfigError(Exception):
     """A config problem, already phrased for the user (field and file)."""
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size like `512MB`, `16GiB` or `1048576`; ValueError if malformed."""
+    if isinstance(text, int):
+        return text
+    t = str(text).strip().upper().replace(" ", "")
+    num = t.rstrip("KMGTIB")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or value < 0:
+        raise ValueError(f"'{text}' is not a size (use e.g. 512MB or 16GiB)")
+    return int(value * _UNITS[unit])
 
 
 class _Strict(BaseModel):
@@ -106,6 +126,21 @@ class MooncakeConfig(_Strict):
     device_name: str = Field("", description="RDMA device names, empty for tcp")
     enable_offload: bool = Field(False, description="NVMe offload tier in the store")
     offload_dir: str | None = Field(None, description="NVMe directory for the offload tier")
+    kv_lease_ttl_ms: int = Field(
+        10000, gt=0, description="how long a read keeps an object from eviction in the memory pool"
+    )
+    spill: bool = Field(True, description="Baton's NVMe spill tier behind the memory pool")
+    spill_dir: str | None = Field(
+        None, description="spill tier directory (put it on NVMe); null: <state_dir>/kv-spill"
+    )
+    spill_cap: str = Field("16GB", description="size cap of the spill directory, LRU eviction beyond it")
+    spill_min_free: str = Field("1GB", description="spilling pauses while the disk has less free space")
+
+    @field_validator("spill_cap", "spill_min_free")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        parse_size(v)
+        return v
 
 
 class RedisConfig(_Strict):
@@ -211,6 +246,13 @@ class BatonConfig(_Strict):
     def state_path(self) -> Path:
         p = Path(self.state_dir)
         return p if p.is_absolute() else REPO_ROOT / p
+
+    def spill_path(self) -> Path:
+        """Directory of the NVMe spill tier (mooncake.spill_dir or <state_dir>/kv-spill)."""
+        d = self.mooncake.spill_dir
+        if d is None:
+            return self.state_path() / "kv-spill"
+        return Path(d) if Path(d).is_absolute() else REPO_ROOT / d
 
 
 def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:

@@ -11,10 +11,11 @@ import os
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from cluster.config import BatonConfig
+from cluster.config import BatonConfig, parse_size
 from cluster.launcher import state_file
 from cluster.processes import pid_alive
 from kvstore import health as kv_health
+from kvstore.spill import dir_usage
 
 
 @dataclass
@@ -39,7 +40,13 @@ def _mooncake(cfg: BatonConfig) -> Component:
     cap = h.capacity
     detail = (f"memory {cap.get('memory_used_bytes', 0) / 2**20:.1f}/"
               f"{cap.get('memory_capacity_bytes', 0) / 2**20:.0f} MiB, keys {int(cap.get('keys', 0))}")
-    return Component("mooncake", h.state, detail if h.master_ok else (h.error or ""))
+    if not h.master_ok:
+        detail = h.error or ""
+    if cfg.mooncake.spill:
+        used, objects = dir_usage(cfg.spill_path())
+        detail += (f"; disk {used / 2**20:.1f}/{parse_size(cfg.mooncake.spill_cap) / 2**20:.0f} MiB, "
+                   f"{objects} objects in {cfg.spill_path()}")
+    return Component("mooncake", h.state, detail)
 
 
 def _http(url: str) -> Component:

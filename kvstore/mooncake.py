@@ -42,6 +42,7 @@ def master_process(cfg: MooncakeConfig, log_dir: Path) -> ManagedProcess:
         f"--metrics_host={cfg.host}",
         f"--metrics_port={cfg.master_metrics_port}",
         f"--enable_offload={'true' if cfg.enable_offload else 'false'}",
+        f"--default_kv_lease_ttl={cfg.kv_lease_ttl_ms}",
         "--logtostderr",
     ]
     return ManagedProcess(

@@ -1,0 +1,72 @@
+"""Baton's vLLM KV connector: MooncakeStoreConnector plus identity and spill tier.
+
+Loaded by name (`kv_connector="BatonStoreConnector"`,
+`kv_connector_module_path="kvstore.connector"`). It changes two things:
+
+- every Mooncake key carries the model identity digest (kvstore/identity.py)
+  as vLLM's `cache_prefix`, on the scheduler and on the worker alike;
+- with `baton_spill` in `kv_connector_extra_config` ({"dir", "cap_bytes",
+  "min_free_bytes"}), the worker's store handle is wrapped in a
+  SpillingStore, so pool evictions are backed by the NVMe tier.
+
+The live SpillingStore of this process is kept in `ACTIVE` for the worker
+extension (actors/kv_probe.py) that reports its counters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
+    MooncakeStoreConnector,
+)
+
+from kvstore.identity import ModelIdentity, config_digest
+from kvstore.spill import SpillTier
+from kvstore.spill_store import SpillingStore
+
+ACTIVE: list[SpillingStore] = []
+
+
+def model_identity(vllm_config, kv_cache_config) -> ModelIdentity:
+    """The identity of the KV this engine produces, from its resolved config."""
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    cfg_file = Path(mc.model) / "config.json"
+    arch = config_digest(cfg_file.read_text()) if cfg_file.exists() else mc.model
+    groups = [
+        f"{type(g.kv_cache_spec).__name__}:{','.join(g.layer_names)}"
+        for g in (kv_cache_config.kv_cache_groups if kv_cache_config else [])
+    ]
+    return ModelIdentity(
+        model=f"{mc.served_model_name}@{arch}",
+        dtype=str(mc.dtype).removeprefix("torch."),
+        kv_cache_dtype=str(cc.cache_dtype),
+        block_size=int(cc.block_size),
+        num_layers=mc.get_num_layers(pc),
+        num_kv_heads=mc.get_num_kv_heads(pc),
+        head_dim=mc.get_head_size(),
+        layer_layout=";".join(groups),
+        parallel=f"tp{pc.tensor_parallel_size}pp{pc.pipeline_parallel_size}",
+    )
+
+
+class BatonStoreConnector(MooncakeStoreConnector):
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.identity = model_identity(vllm_config, kv_cache_config)
+        extra["cache_prefix"] = f"baton-{self.identity.digest}"
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.spill: SpillingStore | None = None
+        worker = self.connector_worker
+        spill = extra.get("baton_spill")
+        if spill and worker is not None and getattr(worker, "store", None) is not None:
+            tier = SpillTier(spill["dir"], self.identity.digest, cap_bytes=int(spill["cap_bytes"]),
+                             min_free_bytes=int(spill.get("min_free_bytes", 0)))
+            host = vllm_config.device_config.device_type == "cpu"
+            self.spill = worker.store = SpillingStore(worker.store, tier, host_buffers=host)
+            ACTIVE.append(self.spill)
+
+    def shutdown(self):
+        if self.spill is not None and self.spill in ACTIVE:
+            ACTIVE.remove(self.spill)
+        super().shutdown()

@@ -1,0 +1,135 @@
+"""A prefill/decode engine pair on a real Mooncake master and store, in one process.
+
+The spill-tier tests and `baton bench kv` need what the serving stack hides:
+the engines' spill counters, local prefix-cache resets, and a Mooncake client
+to see which keys the memory pool still holds. `KVRig` starts the master and
+the store (kvstore/mooncake.py), two vLLM AsyncLLM engines with
+BatonStoreConnector (prefill = kv_producer, decode = kv_consumer), and stops
+everything it started on `close()`. All engine calls are coroutines on one
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from actors import engine_args
+from cluster.config import BatonConfig
+from kvstore import mooncake
+from kvstore.spill import _walk, read_key
+
+
+@dataclass
+class Decoded:
+    token_ids: list[int]
+    cached_tokens: int
+    ttft_s: float
+
+
+class KVRig:
+    def __init__(self, cfg: BatonConfig, workdir: Path):
+        self.cfg = cfg
+        self.workdir = Path(workdir)
+        self.procs = [mooncake.master_process(cfg.mooncake, self.workdir / "logs"),
+                      mooncake.store_process(cfg.mooncake, self.workdir / "logs")]
+        self.prefill_engine = self.decode_engine = None
+        self._client = None
+
+    async def start(self, progress=print) -> None:
+        """Starts master, store and both engines (about a minute on 2 cores)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        for p in self.procs:
+            p.start()
+            p.wait_ready(60)
+        path = mooncake.write_worker_config(self.cfg.mooncake, self.workdir / "mooncake.json")
+        os.environ["MOONCAKE_CONFIG_PATH"] = str(path)
+        engines = []
+        for role in ("prefill", "decode"):
+            t0 = time.monotonic()
+            progress(f"starting {role} engine ...")
+            args = engine_args.build(self.cfg, role)
+            args.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
+            engines.append(AsyncLLM.from_engine_args(args))
+            progress(f"{role} engine ready in {time.monotonic() - t0:.0f}s")
+        self.prefill_engine, self.decode_engine = engines
+
+    async def prefill(self, prompt: list[int]) -> None:
+        """Computes `prompt` on the prefill engine and waits until its KV is in the pool."""
+        from vllm import SamplingParams
+
+        rid = f"p-{uuid.uuid4().hex[:12]}"
+        async for _ in self.prefill_engine.generate({"prompt_token_ids": prompt},
+                                                    SamplingParams(max_tokens=1, temperature=0), rid):
+            pass
+        while any(await self.prefill_engine.collective_rpc("pending_kv_saves", args=(rid,))):
+            await asyncio.sleep(0.01)
+
+    async def decode(self, prompt: list[int], max_tokens: int = 8) -> Decoded:
+        """Greedy generation on the decode engine; cached tokens include those loaded from the store."""
+        from vllm import SamplingParams
+
+        t0 = time.perf_counter()
+        ttft = None
+        final = None
+        async for out in self.decode_engine.generate(
+                {"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens, temperature=0),
+                f"d-{uuid.uuid4().hex[:12]}"):
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
+            final = out
+        return Decoded(list(final.outputs[0].token_ids), final.num_cached_tokens or 0, ttft or 0.0)
+
+    async def spill_stats(self, role: str) -> dict:
+        engine = self.prefill_engine if role == "prefill" else self.decode_engine
+        return (await engine.collective_rpc("spill_stats"))[0]
+
+    async def wait_spilled(self, timeout: float = 60) -> None:
+        """Waits until the prefill worker's write-behind queue is empty."""
+        deadline = time.monotonic() + timeout
+        while (await self.spill_stats("prefill")).get("pending", 0) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def reset_local_caches(self) -> None:
+        """Empties both engines' own prefix caches; the store and the spill tier keep their KV."""
+        for engine in (self.prefill_engine, self.decode_engine):
+            await engine.reset_prefix_cache(reset_running_requests=False, reset_connector=False)
+
+    def spill_files(self) -> dict[str, str]:
+        """Spill file path -> store key, for every object on disk."""
+        out = {}
+        for path, _, _ in _walk(self.cfg.spill_path()):
+            try:
+                key = read_key(Path(path))
+            except FileNotFoundError:
+                continue
+            if key:
+                out[path] = key
+        return out
+
+    def store_client(self):
+        """A Mooncake client of this process (contributing no memory) to inspect or trim the pool."""
+        if self._client is None:
+            from mooncake.store import MooncakeDistributedStore
+
+            m = self.cfg.mooncake
+            self._client = MooncakeDistributedStore()
+            rc = self._client.setup(m.host, mooncake.metadata_url(m), 0, 64 << 20, m.protocol,
+                                    m.device_name, f"{m.host}:{m.master_port}")
+            if rc != 0:
+                raise RuntimeError(f"Mooncake client setup failed: {rc}")
+        return self._client
+
+    def close(self) -> None:
+        """Shuts the engines down and stops the master and store this rig started."""
+        for engine in (self.prefill_engine, self.decode_engine):
+            if engine is not None:
+                engine.shutdown()
+        if self._client is not None:
+            self._client.close()
+        for p in reversed(self.procs):
+            p.stop()
