@@ -1,0 +1,137 @@
+"""The spill tier with real engines: a prefill/decode pair on a real Mooncake pool.
+
+The pool holds 16 MB; the working set is 48 prompts of ~1 MB of KV each
+(three times the pool), so the pool evicts the earliest prompts and only the
+spill tier still has them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from cluster.config import BatonConfig, parse_size
+from cluster.stack_process import free_ports
+from kvstore.rig import KVRig
+from kvstore.spill import dir_usage
+
+POOL = "16MB"
+CAP = "64MB"
+PROMPTS = 48
+TOKENS = 1000  # 31 full blocks of 32 tokens, 32 KiB each for the tiny model
+BLOCKS = TOKENS // 32
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory, loop):
+    workdir = tmp_path_factory.mktemp("kvrig")
+    p = free_ports(5)
+    cfg = BatonConfig.model_validate({
+        "mooncake": {"master_port": p[0], "metadata_port": p[1], "master_metrics_port": p[2],
+                     "store_port": p[3], "store_http_port": p[4], "global_segment_size": POOL,
+                     "kv_lease_ttl_ms": 500, "spill_dir": str(workdir / "spill"), "spill_cap": CAP,
+                     "spill_min_free": "0"},
+        "prefill": {"kv_cache_gb": 0.05}, "decode": {"kv_cache_gb": 0.05},
+        "state_dir": str(workdir),
+    })
+    r = KVRig(cfg, workdir)
+    try:
+        loop.run_until_complete(r.start())
+        yield r
+    finally:
+        r.close()
+
+
+def _prompt(i: int) -> list[int]:
+    rnd = random.Random(i)
+    return [rnd.randrange(2, 1000) for _ in range(TOKENS)]
+
+
+@pytest.fixture(scope="module")
+def first_pass(rig, loop):
+    """Every prompt once: prefill saves it, decode loads it; the spill files each one added."""
+    outs, files = [], []
+    seen: set[str] = set()
+    for i in range(PROMPTS):
+        loop.run_until_complete(rig.prefill(_prompt(i)))
+        outs.append(loop.run_until_complete(rig.decode(_prompt(i))))
+        loop.run_until_complete(rig.wait_spilled())
+        now = rig.spill_files()
+        files.append({p: k for p, k in now.items() if p not in seen})
+        seen |= set(now)
+    return outs, files
+
+
+def _in_pool(rig, keys) -> int:
+    return sum(1 for e in rig.store_client().batch_is_exist(list(keys)) if e == 1)
+
+
+def test_first_pass_loads_every_prompt_from_the_store(first_pass):
+    outs, files = first_pass
+    assert PROMPTS * TOKENS * 1024 >= 3 * parse_size(POOL)  # working set: 3x the pool
+    assert all(o.cached_tokens == BLOCKS * 32 for o in outs)
+    assert all(len(f) == BLOCKS for f in files), [len(f) for f in files]
+
+
+def test_earliest_prompts_come_back_from_disk_with_identical_output(rig, loop, first_pass):
+    outs, files = first_pass
+    early = range(4)
+    assert all(_in_pool(rig, files[i].values()) == 0 for i in early), "pool still holds early prompts"
+    loop.run_until_complete(rig.reset_local_caches())
+    before = loop.run_until_complete(rig.spill_stats("decode"))
+    for i in early:
+        again = loop.run_until_complete(rig.decode(_prompt(i)))
+        assert again.cached_tokens == BLOCKS * 32
+        assert again.token_ids == outs[i].token_ids
+    after = loop.run_until_complete(rig.spill_stats("decode"))
+    assert after.get("tier_hits", 0) - before.get("tier_hits", 0) >= len(early) * BLOCKS
+
+
+def test_corrupted_spill_objects_are_misses_and_output_is_correct(rig, loop, first_pass):
+    outs, files = first_pass
+    victim = 6
+    client = rig.store_client()
+    for key in files[victim].values():
+        client.remove(key, True)  # make sure only the disk could serve it
+    for n, path in enumerate(sorted(files[victim])):
+        with open(path, "r+b") as f:
+            if n % 2:
+                f.truncate(100)
+            else:
+                f.seek(-3, 2)
+                byte = f.read(1)
+                f.seek(-3, 2)
+                f.write(bytes([byte[0] ^ 0xFF]))
+    loop.run_until_complete(rig.reset_local_caches())
+    before = loop.run_until_complete(rig.spill_stats("decode"))
+    again = loop.run_until_complete(rig.decode(_prompt(victim)))
+    after = loop.run_until_complete(rig.spill_stats("decode"))
+    assert again.cached_tokens == 0
+    assert again.token_ids == outs[victim].token_ids
+    assert after.get("tier_corrupt", 0) - before.get("tier_corrupt", 0) >= 1
+
+
+def test_disk_cap_is_respected_and_overflow_only_costs_recompute(rig, loop, first_pass):
+    outs, files = first_pass
+    cap = parse_size(CAP)
+    for i in range(PROMPTS, PROMPTS + 40):
+        loop.run_until_complete(rig.prefill(_prompt(i)))
+        loop.run_until_complete(rig.wait_spilled())
+        assert dir_usage(rig.cfg.spill_path())[0] <= cap
+    stats = loop.run_until_complete(rig.spill_stats("prefill"))
+    assert stats.get("tier_evicted", 0) > 0
+    # Prompt 10 was least recently used: gone from disk and pool, it is recomputed, same tokens.
+    assert not any(os.path.exists(p) for p in files[10])
+    loop.run_until_complete(rig.reset_local_caches())
+    again = loop.run_until_complete(rig.decode(_prompt(10)))
+    assert again.token_ids == outs[10].token_ids
