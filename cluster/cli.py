@@ -112,6 +112,7 @@ BENCHES = {
     "affinity": "cluster.bench_affinity",
     "overload": "cluster.bench_overload",
     "router": "routing.bench_router",
+    "kv": "cluster.bench_kv",
 }
 
 

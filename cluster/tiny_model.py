@@ -30,6 +30,14 @@ SEED = 1234
 VOCAB_SIZE = 1024
 MAX_POSITIONS = 2048
 MARKER = "baton_tiny_model.json"
+# "tiny" is the default model; "bench" is a wider 8-layer Llama for
+# benchmarks where recomputing a prompt should cost what it does on real models.
+SIZES = {
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+    "bench": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                  num_attention_heads=16, num_key_value_heads=8),
+}
 
 
 def _train_tokenizer(out: Path) -> int:
@@ -59,18 +67,14 @@ def _train_tokenizer(out: Path) -> int:
     return len(fast)
 
 
-def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
+def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int, size: str) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SIZES[size],
         max_position_embeddings=MAX_POSITIONS,
         # Wide logits keep greedy argmax far from ties, so tiny numerical
         # differences between batched prefill and decode never flip a token.
@@ -84,7 +88,7 @@ def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def generate(out: Path, force: bool = False) -> Path:
+def generate(out: Path, force: bool = False, size: str = "tiny") -> Path:
     """Creates the tiny model in `out` unless it is already complete there.
 
     Writes config, weights, tokenizer and chat template, then a marker file
@@ -98,13 +102,13 @@ def generate(out: Path, force: bool = False) -> Path:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(out)
-    _build_model(out, vocab, tok.bos_token_id, tok.eos_token_id)
+    _build_model(out, vocab, tok.bos_token_id, tok.eos_token_id, size)
     gen_cfg = out / "generation_config.json"
     if gen_cfg.exists():  # keep vLLM's defaults plain greedy-capable
         cfg = json.loads(gen_cfg.read_text())
         cfg.pop("do_sample", None)
         gen_cfg.write_text(json.dumps(cfg, indent=2))
-    marker.write_text(json.dumps({"seed": SEED, "vocab_size": vocab}))
+    marker.write_text(json.dumps({"seed": SEED, "vocab_size": vocab, "size": size}))
     return out
 
 

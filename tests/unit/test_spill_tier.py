@@ -169,3 +169,11 @@ def test_bad_spill_cap_names_field_and_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(p, environ={})
     assert "mooncake.spill_cap" in str(e.value) and str(p) in str(e.value)
+
+
+def test_bench_kv_raw_bandwidths_measure_real_transfers(tmp_path):
+    from cluster.bench_kv import disk_sequential_read, loopback_tcp_bandwidth
+
+    assert loopback_tcp_bandwidth(total=8 << 20) > 1e6
+    assert disk_sequential_read(tmp_path, total=8 << 20) > 1e6
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,260 @@
+"""`baton bench kv`: loading a prefix from the memory tier, from the disk tier, or recomputing it.
+
+One run starts a real Mooncake master and store and a prefill/decode engine
+pair with Baton's connector (kvstore/rig.py). For each prefix length it
+measures, interleaved, the decode engine's time to first token when
+
+- recompute: the prefix is in no tier, the engine computes it;
+- memory: the prefill engine saved it, the decode engine loads it from the pool;
+- disk: its keys are removed from the pool and its spill files dropped from
+  the page cache, so the decode engine promotes them from disk and loads them.
+
+Both engines' own prefix caches are emptied before every measurement. Next to
+the tiers' own read rates (the pool through a Mooncake client, the spill
+files through the tier with checksums) it measures, in the same run, raw
+loopback TCP bandwidth and the disk's sequential read bandwidth. Prints a
+table and one JSON line; writes JSON and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cluster.config import REPO_ROOT, BatonConfig
+from cluster.stack_process import bench_workdir, free_ports
+from kvstore.rig import KVRig
+from kvstore.spill import SpillTier
+
+MODELS = REPO_ROOT / "models"
+
+
+def loopback_tcp_bandwidth(total: int = 512 << 20, chunk: int = 1 << 20) -> float:
+    """Bytes/s of one TCP stream over 127.0.0.1 (sender thread to receiver)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    buf = b"\0" * chunk
+
+    def send():
+        with socket.create_connection(srv.getsockname()) as c:
+            for _ in range(total // chunk):
+                c.sendall(buf)
+
+    t = threading.Thread(target=send)
+    t.start()
+    conn, _ = srv.accept()
+    got, t0 = 0, time.perf_counter()
+    view = bytearray(chunk)
+    while got < total:
+        n = conn.recv_into(view)
+        if not n:
+            break
+        got += n
+    dt = time.perf_counter() - t0
+    t.join()
+    conn.close()
+    srv.close()
+    return got / dt
+
+
+def drop_page_cache(path: str) -> None:
+    """Writes `path` back and evicts its pages from the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages cannot be dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1 << 20) -> float:
+    """Bytes/s reading a freshly written, fsynced file after dropping it from the page cache."""
+    path = directory / "seqread.bin"
+    block = os.urandom(chunk)
+    with open(path, "wb") as f:
+        for _ in range(total // chunk):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    drop_page_cache(str(path))
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(chunk):
+            pass
+    dt = time.perf_counter() - t0
+    path.unlink()
+    return total / dt
+
+
+def _config(workdir: Path, model: Path, pool: str) -> BatonConfig:
+    p = free_ports(5)
+    return BatonConfig.model_validate({
+        "model": {"path": str(model)},
+        "mooncake": {"master_port": p[0], "metadata_port": p[1], "master_metrics_port": p[2],
+                     "store_port": p[3], "store_http_port": p[4], "global_segment_size": pool,
+                     "spill_dir": str(workdir / "spill"), "spill_cap": "64GB", "spill_min_free": "2GB"},
+        "prefill": {"kv_cache_gb": 1}, "decode": {"kv_cache_gb": 1},
+        "state_dir": str(workdir),
+    })
+
+
+async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
+    tier = SpillTier(rig.cfg.spill_path(), _identity_of(rig), cap_bytes=1 << 62)
+    client = rig.store_client()
+    rows: dict[int, dict[str, list]] = {n: {"recompute": [], "memory": [], "disk": [], "cached": [],
+                                            "pool_Bps": [], "disk_tier_Bps": []} for n in lengths}
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(lengths) * reps, desc="bench kv", unit="prefix", file=sys.stderr)
+    seed = 0
+    await rig.decode([5] * 64, max_tokens=1)  # warm both paths once
+    for rep in range(reps):
+        for n in lengths:
+            seed += 1
+            rnd = random.Random(seed)
+            fresh = [rnd.randrange(2, 1000) for _ in range(n)]
+            await rig.reset_local_caches()
+            rows[n]["recompute"].append((await rig.decode(fresh, max_tokens=1)).ttft_s)
+
+            seed += 1
+            rnd = random.Random(seed)
+            prompt = [rnd.randrange(2, 1000) for _ in range(n)]
+            before = set(rig.spill_files())
+            await rig.prefill(prompt)
+            await rig.wait_spilled()
+            files = {p: k for p, k in rig.spill_files().items() if p not in before}
+            keys = list(files.values())
+            await rig.reset_local_caches()
+            mem = await rig.decode(prompt, max_tokens=1)
+            rows[n]["memory"].append(mem.ttft_s)
+            rows[n]["cached"].append(mem.cached_tokens)
+            t0 = time.perf_counter()
+            nbytes = sum(len(v) for v in client.get_batch(keys))
+            rows[n]["pool_Bps"].append(nbytes / (time.perf_counter() - t0))
+
+            for p in files:
+                drop_page_cache(p)
+            t0 = time.perf_counter()
+            nbytes = sum(len(tier.get(k) or b"") for k in keys)
+            rows[n]["disk_tier_Bps"].append(nbytes / (time.perf_counter() - t0))
+            for k in keys:
+                client.remove(k, True)
+            for p in files:
+                drop_page_cache(p)
+            await rig.reset_local_caches()
+            rows[n]["disk"].append((await rig.decode(prompt, max_tokens=1)).ttft_s)
+            bar.update(1)
+    bar.close()
+    return rows
+
+
+def _identity_of(rig: KVRig) -> str:
+    """The identity digest the engines use, read back from a spill file's directory name."""
+    dirs = [d.name for d in rig.cfg.spill_path().iterdir() if d.is_dir()]
+    if len(dirs) != 1:
+        raise RuntimeError(f"expected one identity directory under {rig.cfg.spill_path()}, got {dirs}")
+    return dirs[0]
+
+
+def _summary(rows: dict, kv_bytes_per_token: int) -> list[dict]:
+    out = []
+    for n, r in rows.items():
+        med = {k: statistics.median(v) for k, v in r.items()}
+        out.append({
+            "prefix_tokens": n, "cached_tokens": int(med["cached"]),
+            "kv_mib": round(med["cached"] * kv_bytes_per_token / 2**20, 2),
+            "ttft_recompute_ms": round(med["recompute"] * 1e3, 1),
+            "ttft_memory_ms": round(med["memory"] * 1e3, 1),
+            "ttft_disk_ms": round(med["disk"] * 1e3, 1),
+            "memory_vs_recompute": round(med["memory"] / med["recompute"], 3),
+            "disk_vs_recompute": round(med["disk"] / med["recompute"], 3),
+            "pool_read_MBps": round(med["pool_Bps"] / 1e6),
+            "disk_tier_read_MBps": round(med["disk_tier_Bps"] / 1e6),
+        })
+    return out
+
+
+def _plot(summary: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [s["prefix_tokens"] for s in summary]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("ttft_recompute_ms", "recompute"), ("ttft_memory_ms", "memory tier"),
+                       ("ttft_disk_ms", "disk tier")):
+        ax.plot(x, [s[key] for s in summary], marker="o", label=label)
+    ax.set_xlabel("prefix length (tokens)")
+    ax.set_ylabel("decode TTFT, median (ms)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="baton bench kv", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "bench"], default="bench",
+                        help="tiny: the default 2-layer model; bench: an 8-layer, 1024-wide Llama")
+    parser.add_argument("--lengths", default="256,512,1024,1984", help="prefix lengths in tokens")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--pool", default="2GB", help="Mooncake memory pool")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: in the workdir)")
+    args = parser.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    from cluster import tiny_model
+
+    model = MODELS / ("tiny-llama" if args.model == "tiny" else "bench-llama")
+    print(f"model {model} ...", file=sys.stderr, flush=True)
+    tiny_model.generate(model, size=args.model)
+    workdir = bench_workdir("bench-kv")
+    cfg = _config(workdir, model, args.pool)
+    print("raw bandwidths ...", file=sys.stderr, flush=True)
+    tcp = loopback_tcp_bandwidth()
+    seq = disk_sequential_read(cfg.spill_path().parent)
+    rig = KVRig(cfg, workdir)
+    try:
+        asyncio.run(_run(rig, lengths, args.reps, out := {}))
+    finally:
+        rig.close()
+    from deployments.metrics import kv_bytes_per_token
+
+    summary = _summary(out["rows"], kv_bytes_per_token(model, cfg.model.dtype))
+    result = {"model": args.model, "reps": args.reps, "loopback_tcp_MBps": round(tcp / 1e6),
+              "disk_seq_read_MBps": round(seq / 1e6), "by_length": summary}
+    print(f"{'tokens':>7} {'KV MiB':>7} {'recompute':>10} {'memory':>8} {'disk':>8} "
+          f"{'mem/re':>7} {'disk/re':>8} {'pool MB/s':>10} {'disk MB/s':>10}")
+    for s in summary:
+        print(f"{s['prefix_tokens']:>7} {s['kv_mib']:>7} {s['ttft_recompute_ms']:>9}ms "
+              f"{s['ttft_memory_ms']:>6}ms {s['ttft_disk_ms']:>6}ms {s['memory_vs_recompute']:>7} "
+              f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['disk_tier_read_MBps']:>10}")
+    print(f"raw loopback TCP {result['loopback_tcp_MBps']} MB/s, disk sequential read "
+          f"{result['disk_seq_read_MBps']} MB/s")
+    (workdir / "bench_kv.json").write_text(json.dumps(result, indent=2))
+    plot = args.plot or workdir / "bench_kv.png"
+    _plot(summary, plot, f"KV tiers vs recompute ({args.model} model)")
+    print(f"plot: {plot}", file=sys.stderr)
+    print("BENCH_KV_JSON " + json.dumps(result))
+    return 0
+
+
+async def _run(rig: KVRig, lengths: list[int], reps: int, out: dict) -> None:
+    await rig.start(progress=lambda m: print(m, file=sys.stderr, flush=True))
+    out["rows"] = await _measure(rig, lengths, reps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
