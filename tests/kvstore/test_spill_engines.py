@@ -2,14 +2,17 @@
 
 The pool holds 16 MB; the working set is 48 prompts of ~1 MB of KV each
 (three times the pool), so the pool evicts the earliest prompts and only the
-spill tier still has them.
+spill tier still has them. The spill directory is its own 96 MB tmpfs (when
+this machine lets us mount one), so the last test can fill the disk for real.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
+import subprocess
 
 import pytest
 
@@ -32,9 +35,25 @@ def loop():
     loop.close()
 
 
+def _mount_tmpfs(path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    for prefix in ([], ["sudo", "-n"]):
+        if subprocess.run(prefix + ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0:
+            return True
+    return False
+
+
+def _umount(path) -> None:
+    for prefix in ([], ["sudo", "-n"]):
+        if subprocess.run(prefix + ["umount", str(path)], capture_output=True).returncode == 0:
+            return
+
+
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory, loop):
     workdir = tmp_path_factory.mktemp("kvrig")
+    own_fs = _mount_tmpfs(workdir / "spill", "96m")
     p = free_ports(5)
     cfg = BatonConfig.model_validate({
         "mooncake": {"master_port": p[0], "metadata_port": p[1], "master_metrics_port": p[2],
@@ -45,11 +64,14 @@ def rig(tmp_path_factory, loop):
         "state_dir": str(workdir),
     })
     r = KVRig(cfg, workdir)
+    r.own_fs = own_fs
     try:
         loop.run_until_complete(r.start())
         yield r
     finally:
         r.close()
+        if own_fs:
+            _umount(workdir / "spill")
 
 
 def _prompt(i: int) -> list[int]:
@@ -135,3 +157,33 @@ def test_disk_cap_is_respected_and_overflow_only_costs_recompute(rig, loop, firs
     loop.run_until_complete(rig.reset_local_caches())
     again = loop.run_until_complete(rig.decode(_prompt(10)))
     assert again.token_ids == outs[10].token_ids
+
+
+def test_full_disk_stops_spilling_and_serving_goes_on(rig, loop):
+    if not rig.own_fs:
+        pytest.skip("cannot mount a tmpfs here (needs root or passwordless sudo)")
+    ballast = rig.cfg.spill_path() / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the spill filesystem to the last byte
+        while True:
+            os.write(fd, b"\0" * (1 << 16))
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    try:
+        files_before = set(rig.spill_files())
+        for i in range(200, 203):
+            loop.run_until_complete(rig.prefill(_prompt(i)))
+            first = loop.run_until_complete(rig.decode(_prompt(i)))
+            assert first.cached_tokens == BLOCKS * 32  # KV still flows through the pool
+            loop.run_until_complete(rig.wait_spilled())
+            loop.run_until_complete(rig.reset_local_caches())
+            assert loop.run_until_complete(rig.decode(_prompt(i))).token_ids == first.token_ids
+        stats = loop.run_until_complete(rig.spill_stats("prefill"))
+        assert stats.get("tier_disk_full", 0) >= 1
+        assert stats.get("skipped_full", 0) + stats.get("tier_skipped_full", 0) >= 1
+        assert set(rig.spill_files()) == files_before
+        assert not [p for p in rig.cfg.spill_path().rglob("*.tmp")]
+    finally:
+        ballast.unlink()
