@@ -44,3 +44,24 @@ def test_requests_survive_the_store_dying_and_it_comes_back(stack):
             break
         time.sleep(1)
     assert loaded > 0
+
+
+def test_requests_survive_the_master_dying_and_kv_flows_again(stack):
+    assert chat(stack, prompts.make("master-before", 200)).json()["baton"]["decode_cached_tokens"] > 0
+    master_pid = _state(stack)["children"]["mooncake-master"]
+    os.kill(master_pid, signal.SIGKILL)
+    for i in range(3):
+        r = chat(stack, prompts.make(f"master-down-{i}", 200))
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    deadline = time.monotonic() + 60
+    while (_state(stack)["children"]["mooncake-master"] == master_pid
+           or _store_state(stack) != "healthy") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _store_state(stack) == "healthy"
+    loaded, deadline = 0, time.monotonic() + 90
+    for i in range(60):
+        loaded = chat(stack, prompts.make(f"master-after-{i}", 200)).json()["baton"]["decode_cached_tokens"]
+        if loaded > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert loaded > 0
