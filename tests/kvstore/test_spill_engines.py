@@ -13,6 +13,7 @@ import errno
 import os
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,9 @@ def test_first_pass_loads_every_prompt_from_the_store(first_pass):
     assert PROMPTS * TOKENS * 1024 >= 3 * parse_size(POOL)  # working set: 3x the pool
     assert all(o.cached_tokens == BLOCKS * 32 for o in outs)
     assert all(len(f) == BLOCKS for f in files), [len(f) for f in files]
+    # Every key, in the pool and on disk, starts with the model identity digest.
+    (identity,) = {Path(p).parents[1].name for f in files for p in f}
+    assert all(k.startswith(f"baton-{identity}@") for f in files for k in f.values())
 
 
 def test_earliest_prompts_come_back_from_disk_with_identical_output(rig, loop, first_pass):
