@@ -6,7 +6,7 @@ EXTRAS ?= cpu
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.baton-installed-$(EXTRAS)
-APT_PKGS := libibverbs1 librdmacm1 libnuma1 redis-server
+APT_PKGS := libibverbs1 librdmacm1 libnuma1 redis-server procps
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install sysdeps venv model serve test test-unit test-e2e test-cluster down status clean
@@ -51,8 +51,9 @@ test: install
 test-unit: install
 	$(BIN)/python -m pytest -v tests/unit
 
-# The one-machine cluster flow alone (local_up.sh, baton deploy, placement,
-# autoscaling, --down); `make test` runs it too, in its third pytest run.
+# The one-machine cluster flow alone (`ray up` cluster/ray_up/local.yaml, baton
+# deploy, placement, autoscaling, `ray down`); `make test` runs it too, in its
+# third pytest run.
 test-cluster: install
 	$(BIN)/python -m pytest -v -rs --timeout=900 tests/cluster
 

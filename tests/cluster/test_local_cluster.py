@@ -1,25 +1,30 @@
-"""The cluster flow on this machine: cluster/ray_up/local.yaml, `baton deploy`, teardown.
+"""The cluster flow on this machine: `ray up` cluster/ray_up/local.yaml, `baton deploy`, `ray down`.
 
-One cluster serves the whole file (a module-scoped fixture):
+One cluster serves the whole file (a module-scoped fixture), driven by Ray's
+own CLI (`.venv/bin/ray`, non-interactive):
 
-- `cluster/ray_up/scripts/local_up.sh` runs local.yaml's head_start_ray_commands
-  here (Redis, the Mooncake master and a store, then `ray start --head` whose
-  v1 autoscaler, with Ray's fake_multinode provider, launches one fake
-  `prefill` and one fake `decode` node: extra raylets on this machine that
-  advertise `prefill`/`decode` and `accelerator_type:H100`/`L4`). It stands
-  in for `ray up`, which cannot read this provider's defaults from the PyPI
-  wheel (see docs/deploy.md).
-- `python -m cluster.deploy` deploys Baton onto it, with a test config: free
-  loopback ports for Baton's services, `kv_cache_gb: 1`, the tiny default
-  model, and the prefill pool autoscaled from 1 to 2 replicas.
-- Teardown runs `local_up.sh --down` (the local stand-in for `ray down`) even
-  when a test failed, and checks that nothing of the cluster is left.
+- `ray up -y -n <unique name> cluster/ray_up/local.yaml` brings up the head
+  (Redis, the Mooncake master and a store, then `ray start --head`) through
+  Baton's one-machine node provider (cluster/ray_up/local_provider.py: nodes
+  are processes here, commands run without SSH), and returns; Ray's
+  autoscaler on the head then launches one `prefill` and one `decode` worker
+  node (raylets that advertise `prefill`/`decode` and
+  `accelerator_type:H100`/`L4`).
+- `ray exec ... 'python -m cluster.deploy ...'` deploys Baton from the head,
+  as on a cloud cluster, with a test config: free loopback ports for Baton's
+  services, `kv_cache_gb: 1`, the tiny default model, and the prefill pool
+  autoscaled from 1 to 2 replicas.
+- Teardown runs `ray down -y` even when a test failed, and checks by PID that
+  every process of the cluster is gone and that a process named `raylet`
+  outside it (what a machine-wide `ray stop` would kill) is still running.
 
-Where replicas run is read without the dashboard (local.yaml starts the head
-with `--include-dashboard=false`, and Ray's state API needs it): a probe
-driver reads `ray.nodes()` and the GCS actor table (`ray._private.state`,
-the same source `ray list actors` ends up at), whose entries carry each
-actor's `Address.NodeID`, and `serve.status()` for the replica counts.
+The cluster uses its own Ray auth token (RAY_AUTH_TOKEN_PATH), so it needs
+nothing from ~/.ray. Where replicas run is read without the dashboard
+(local.yaml starts the head with `--include-dashboard=false`, and Ray's state
+API needs it): a probe driver reads `ray.nodes()` and the GCS actor table
+(`ray._private.state`, the same source `ray list actors` ends up at), whose
+entries carry each actor's `Address.NodeID`, and `serve.status()` for the
+replica counts.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import shutil
 import socket
 import subprocess
@@ -41,13 +47,18 @@ import psutil
 import pytest
 import yaml
 
+from cluster.ray_up import local_node
+from cluster.ray_up.local_provider import cluster_dir
 from cluster.stack_process import REPO, free_ports
 
-LOCAL_UP = REPO / "cluster" / "ray_up" / "scripts" / "local_up.sh"
+LOCAL_YAML = REPO / "cluster" / "ray_up" / "local.yaml"
 PYTHON = sys.executable
-GCS_PORT = 6379  # local.yaml's `ray start --head --port`; the fake provider joins it there
+RAY = str(Path(sys.executable).parent / "ray")
+GCS_PORT = 6379  # local.yaml's `ray start --head --port`
+UP_TIMEOUT_S = 240
 DEPLOY_TIMEOUT_S = 420
 SCALE_TIMEOUT_S = 300
+REPLICA_START_TIMEOUT_S = 420
 
 PROBE = r"""
 import json, sys
@@ -79,11 +90,13 @@ def _port_free(port: int) -> bool:
 
 class LocalCluster:
     def __init__(self) -> None:
-        # Short: Ray's Unix sockets live under <node_dir>/ray/session_*/sockets (107-byte limit).
-        self.node_dir = Path(tempfile.mkdtemp(prefix="bct-", dir="/tmp"))
+        # Short: Ray's Unix sockets live under /tmp/baton-<name>/<node>/ray/session_*/sockets.
+        self.name = f"bct{secrets.token_hex(3)}"
+        self.dir = cluster_dir(yaml.safe_load(LOCAL_YAML.read_text())["provider"], self.name)
+        self.work = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         p = free_ports(8)
         self.serve_port = p[0]
-        self.config = self.node_dir / "baton.yaml"
+        self.config = self.work / "baton.yaml"
         self.config.write_text(yaml.safe_dump({
             "prefill": {
                 "replicas": 1, "kv_cache_gb": 1,
@@ -99,20 +112,24 @@ class LocalCluster:
             "mooncake": {"global_segment_size": "512MB", "master_port": p[2], "metadata_port": p[3],
                          "master_metrics_port": p[4], "store_port": p[5], "store_http_port": p[6]},
             "routing": {"events_port": p[7]},
-            "state_dir": str(self.node_dir / "state"),
+            "state_dir": str(self.work / "state"),
             "ray": {"address": "auto"},
         }))
+        token = self.work / "auth_token"
+        token.write_text(secrets.token_hex(32))
         self.env = {
             **os.environ,
-            "BATON_NODE_DIR": str(self.node_dir),
-            "BATON_NODE_IP": "127.0.0.1",     # Baton's services on loopback
-            "BATON_CONFIG": str(self.config),
-            "RAY_AUTH_MODE": "token",          # `ray start` enables token auth
+            "BATON_CONFIG": str(self.config),  # head_start.sh and the deploy read it
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),  # every node and driver of this cluster
+            "RAY_USAGE_STATS_ENABLED": "0",
             "PYTHONUNBUFFERED": "1",
         }
-        self.env.pop("RAY_ADDRESS", None)
-        self.log = self.node_dir / "test.log"
+        for var in ("RAY_ADDRESS", "RAY_TMPDIR", "RAY_UP_enable_autoscaler_v2"):
+            self.env.pop(var, None)
+        self.log = self.work / "test.log"
         self.address: str | None = None
+        self.canary: subprocess.Popen | None = None
 
     def _run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         with open(self.log, "a") as out:
@@ -121,32 +138,47 @@ class LocalCluster:
             return subprocess.run(argv, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=timeout)
 
+    def ray(self, *args: str, timeout: float) -> int:
+        """`ray <command> ... -n <name> cluster/ray_up/local.yaml ...`."""
+        return self._run([RAY, args[0], "-n", self.name, str(LOCAL_YAML), *args[1:]], timeout).returncode
+
     def tail(self, n: int = 80) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
 
-    def up(self) -> None:
-        rc = self._run(["bash", str(LOCAL_UP)], timeout=180).returncode
-        assert rc == 0, f"local_up.sh failed ({rc}):\n{self.tail()}"
-        self.address = (self.node_dir / "ray" / "ray_current_cluster").read_text().strip()
+    def start_canary(self) -> None:
+        """A process named `raylet` outside the cluster: `ray stop` run
+        machine-wide would kill it, a node-scoped one must not."""
+        fake = self.work / "raylet"
+        shutil.copy("/bin/sleep", fake)
+        self.canary = subprocess.Popen([str(fake), "3600"], start_new_session=True)
 
-    def wait_for_workers(self, timeout: float = 180) -> dict:
+    def up(self) -> None:
+        rc = self.ray("up", "-y", "--no-config-cache", "--disable-usage-stats", timeout=UP_TIMEOUT_S)
+        assert rc == 0, f"ray up failed ({rc}):\n{self.tail()}"
+        out = subprocess.run([RAY, "get-head-ip", "-n", self.name, str(LOCAL_YAML)], cwd=REPO, env=self.env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        self.address = f"{out.stdout.strip().splitlines()[-1]}:{GCS_PORT}"
+
+    def wait_for_workers(self, timeout: float = 240) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             state = self.probe()
             kinds = [self.kind(n) for n in state["nodes"].values() if n["alive"]]
             if "prefill" in kinds and "decode" in kinds:
                 return state
-            assert time.monotonic() < deadline, f"fake worker nodes did not join: {state['nodes']}"
+            assert time.monotonic() < deadline, \
+                f"the autoscaler did not bring up the worker nodes: {state['nodes']}\n{self.tail()}"
             time.sleep(5)
 
     def deploy(self) -> None:
-        rc = self._run([PYTHON, "-m", "cluster.deploy", "--config", str(self.config),
-                        "--address", self.address, "--head-ip", "127.0.0.1",
-                        "--worker-config", str(self.node_dir / "mooncake.json"),
-                        "--timeout", str(DEPLOY_TIMEOUT_S)], timeout=DEPLOY_TIMEOUT_S + 120).returncode
+        """`baton deploy` on the head, through `ray exec`, as on a cloud cluster."""
+        cmd = ("python -m cluster.deploy --config $BATON_CONFIG --head-ip 127.0.0.1 "
+               f"--worker-config $BATON_NODE_DIR/mooncake.json --timeout {DEPLOY_TIMEOUT_S}")
+        rc = self.ray("exec", cmd, timeout=DEPLOY_TIMEOUT_S + 120)
         assert rc == 0, f"baton deploy failed ({rc}):\n{self.tail()}"
 
     def probe(self) -> dict:
@@ -164,31 +196,50 @@ class LocalCluster:
         roles = [r for r in ("prefill", "decode") if res.get(r, 0) > 0]
         return roles[0] if len(roles) == 1 else f"other:{roles}"
 
-    def ray_processes(self) -> list[psutil.Process]:
-        root = str(self.node_dir / "ray") + "/"
-        found = []
-        for p in psutil.process_iter(["cmdline"]):
+    def node_dirs(self) -> list[str]:
+        return [str(d) for d in self.dir.iterdir() if d.is_dir()] if self.dir.is_dir() else []
+
+    def processes(self) -> dict[int, str]:
+        """Every process of the cluster's nodes: pid -> command line."""
+        found = {}
+        for p in local_node.node_processes(self.node_dirs()):
             try:
-                if root in " ".join(p.info["cmdline"] or []):
-                    found.append(p)
+                found[p.pid] = " ".join(p.cmdline())[:120]
             except psutil.Error:
                 pass
         return found
 
     def down(self) -> None:
-        """`local_up.sh --down`; asserts nothing of this cluster is left running."""
-        pids = {}
-        for name in ("redis", "mooncake-master", "mooncake-store"):
-            f = self.node_dir / f"{name}.pid"
-            if f.exists():
-                pids[name] = int(f.read_text())
-        rc = self._run(["bash", str(LOCAL_UP), "--down"], timeout=120).returncode
-        time.sleep(1)
-        left = [p.pid for p in self.ray_processes()]
-        alive = [n for n, pid in pids.items() if psutil.pid_exists(pid)
-                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-        assert rc == 0 and not left and not alive, \
-            f"--down left Ray pids {left}, daemons {alive} (rc {rc}):\n{self.tail()}"
+        """`ray down -y`; asserts that no process of the cluster is left and
+        that the canary outside it survived."""
+        before = self.processes()
+        try:
+            rc = self.ray("down", "-y", timeout=300)
+        finally:
+            left = {pid: cmd for pid, cmd in before.items() if psutil.pid_exists(pid)
+                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+            left.update(self.processes())
+            if left:  # never leak processes into the next tests
+                local_node.stop(self.node_dirs(), ray_only=False, grace_s=5)
+            canary_alive = self.canary is not None and self.canary.poll() is None
+            if self.canary is not None:
+                self.canary.kill()
+                self.canary.wait()
+        assert rc == 0 and not left, f"ray down left {left} (rc {rc}):\n{self.tail()}"
+        assert canary_alive, "ray down stopped a `raylet` process outside the cluster"
+        state = json.loads((self.dir / "nodes.json").read_text())
+        assert all(n["state"] == "terminated" for n in state["nodes"].values()), state
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+        # `ray down` caches the resolved config in the temp dir (`ray up` was told not to).
+        for f in Path(tempfile.gettempdir()).glob("ray-config-*"):
+            try:
+                if f'"cluster_name": "{self.name}"' in f.read_text():
+                    f.unlink()
+            except OSError:
+                pass
 
 
 # Module scope: one cluster for both tests, stopped as soon as they are done
@@ -200,6 +251,7 @@ def cluster():
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (make sysdeps)")
     c = LocalCluster()
+    c.start_canary()
     failed = False
     try:
         c.up()
@@ -212,11 +264,14 @@ def cluster():
     finally:
         try:
             c.down()
+        except BaseException:
+            failed = True
+            raise
         finally:
             if not failed:
-                shutil.rmtree(c.node_dir, ignore_errors=True)
+                c.cleanup()
             else:
-                print(f"cluster logs kept in {c.node_dir}", file=sys.stderr)
+                print(f"cluster logs kept in {c.dir} and {c.work}", file=sys.stderr)
 
 
 def _chat(port: int, content: str, max_tokens: int, timeout: float = 120) -> dict:
@@ -278,32 +333,43 @@ def test_prefill_autoscales_decode_untouched(cluster):
                 errors.append(repr(exc))
                 time.sleep(1)
 
+    def watch(state: dict, history: list) -> dict:
+        deps = state["deployments"]
+        history.append({n: d["replicas"] for n, d in deps.items() if n in ("prefill", "decode")})
+        # Decode is never scaled: one replica, no other state.
+        assert deps["decode"]["replicas"] == {"RUNNING": 1}, history
+        return deps["prefill"]["replicas"]
+
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
     for t in threads:
         t.start()
+    history: list = []
+    # 1. The load makes Serve ask for a second prefill replica.
     deadline = time.monotonic() + SCALE_TIMEOUT_S
-    history = []
     try:
-        while True:
-            state = cluster.probe()
-            deps = state["deployments"]
-            history.append({n: d["replicas"] for n, d in deps.items() if n in ("prefill", "decode")})
+        while sum(watch(cluster.probe(), history).values()) < 2:
             assert done[0] or len(errors) < 20, f"the load fails: {errors[-3:]}"
-            # Decode is never scaled: one replica, no other state.
-            assert deps["decode"]["replicas"] == {"RUNNING": 1}, history
-            if deps["prefill"]["replicas"].get("RUNNING", 0) == 2:
-                break
             assert time.monotonic() < deadline, \
-                f"prefill did not reach 2 replicas in {SCALE_TIMEOUT_S}s ({done[0]} requests done, " \
-                f"errors {errors[-3:]}): {history[-5:]}"
+                f"Serve did not scale prefill to 2 replicas in {SCALE_TIMEOUT_S}s ({done[0]} requests " \
+                f"done, errors {errors[-3:]}): {history[-5:]}"
             time.sleep(5)
     finally:
+        # The decision is made (Serve scales down only after downscale_delay_s,
+        # 600 s by default): the engine of the new replica starts on 2 shared
+        # cores faster without the load.
         stop.set()
         for t in threads:
             t.join(timeout=200)
     assert done[0] > 0, errors[-3:]
+    # 2. Its pending `prefill: 1` demand makes the autoscaler add a prefill
+    #    node, where the replica starts.
+    deadline = time.monotonic() + REPLICA_START_TIMEOUT_S
+    while watch(cluster.probe(), history).get("RUNNING", 0) < 2:
+        assert time.monotonic() < deadline, \
+            f"the second prefill replica is not RUNNING after {REPLICA_START_TIMEOUT_S}s: {history[-5:]}"
+        time.sleep(5)
     # The new prefill replica landed on a prefill node (the autoscaler added one:
-    # each fake prefill node has `prefill: 1`), decode is where it was.
+    # each prefill node has `prefill: 1`), decode is where it was.
     state = cluster.probe()
     counts = _assert_placement(cluster, state)
     assert counts == {"prefill": 2, "decode": 1}, counts

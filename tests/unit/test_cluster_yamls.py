@@ -38,15 +38,8 @@ def _load(path: Path) -> dict:
 
 def _ray_prepared(raw: dict, path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Ray's prepare_config, as `ray up` runs it before any cloud call."""
-    from ray.autoscaler._private import providers
     from ray.autoscaler._private.util import prepare_config
 
-    if raw["provider"]["type"] == "fake_multinode":
-        example = Path(providers._load_fake_multinode_defaults_config())
-        if not example.exists():
-            # The PyPI wheel lacks the defaults file; local.yaml is complete,
-            # so it serves as its own defaults.
-            monkeypatch.setitem(providers._DEFAULT_CONFIGS, "fake_multinode", lambda: str(path))
     return prepare_config(copy.deepcopy(raw))
 
 
@@ -78,7 +71,7 @@ def test_there_is_a_yaml_per_target():
     names = {p.name for p in CLUSTER_YAMLS}
     assert {"aws.yaml", "gcp.yaml", "onprem.yaml", "local.yaml"} <= names
     types = {_load(p)["provider"]["type"] for p in CLUSTER_YAMLS}
-    assert {"aws", "gcp", "local", "fake_multinode"} <= types
+    assert {"aws", "gcp", "local", "external"} <= types
 
 
 @pytest.mark.parametrize("path", CLUSTER_YAMLS, ids=lambda p: p.name)
@@ -89,19 +82,17 @@ def test_ray_validates_the_cluster_yaml(path, monkeypatch):
     prepared = _ray_prepared(raw, path, monkeypatch)
     validate_config(prepared)
     assert prepared["head_node_type"] in prepared["available_node_types"]
-    if raw["provider"]["type"] == "fake_multinode":
+    if raw["provider"]["type"] == "external":
         # What the autoscaler monitor reads on the head: the file as it is.
         validate_config(copy.deepcopy(raw))
 
 
-def test_fake_multinode_defaults_gap_is_real_or_harmless():
-    """local.yaml never relies on the defaults file the PyPI wheel lacks."""
+def test_local_yaml_needs_no_defaults_file():
+    """local.yaml sets every key itself: no provider defaults file (the PyPI
+    wheel lacks fake_multinode's example.yaml) is ever merged in."""
     from ray.autoscaler._private import providers
 
     raw = _load(RAY_UP / "local.yaml")
-    example = Path(providers._load_fake_multinode_defaults_config())
-    if example.exists():  # a wheel that has it: local.yaml overrides every key of it
-        assert set(_load(example)) <= set(raw)
     schema = json.loads((Path(providers.__file__).parents[1] / "ray-schema.json").read_text())
     missing = set(schema["properties"]) - set(raw) - {"no_restart", "metadata", "provider"}
     assert not missing, f"local.yaml must be complete on its own; missing {sorted(missing)}"
@@ -177,7 +168,7 @@ def test_commands_reference_existing_scripts(path, monkeypatch):
     assert "--autoscaling-config=" in head_start
     # Baton's services come before the raylet in the start commands.
     assert head_start.index("head_start.sh") < head_start.index("ray start")
-    if raw["provider"]["type"] == "fake_multinode":
+    if raw["provider"]["type"] == "external":
         return
     assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in head_start
     setup = " ".join(prepared["head_setup_commands"])

@@ -5,8 +5,8 @@
 #     on redis.url's port, reachable from the workers;
 #   - the Mooncake master with its HTTP metadata server (master_port,
 #     metadata_port, master_metrics_port).
-# --with-store also runs a Mooncake store here (the one-machine local flow,
-# where fake worker nodes run no start commands of their own).
+# --with-store also runs a Mooncake store here (the one-machine flow,
+# cluster/ray_up/local.yaml, whose workers share this machine and its store).
 # Restarts what it started before (pid files in $BATON_NODE_DIR).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
