@@ -21,7 +21,7 @@ from pathlib import Path
 from actors import engine_args
 from cluster.config import BatonConfig
 from kvstore import mooncake
-from kvstore.spill import _walk, read_key
+from kvstore.spill import read_key, walk_objects
 
 
 @dataclass
@@ -102,7 +102,7 @@ class KVRig:
     def spill_files(self) -> dict[str, str]:
         """Spill file path -> store key, for every object on disk."""
         out = {}
-        for path, _, _ in _walk(self.cfg.spill_path()):
+        for path, _, _ in walk_objects(self.cfg.spill_path()):
             try:
                 key = read_key(Path(path))
             except FileNotFoundError:

@@ -83,13 +83,13 @@ def read_key(path: Path) -> str | None:
 def dir_usage(root: Path) -> tuple[int, int]:
     """(bytes, objects) of the spill files under `root`; reads only."""
     total = count = 0
-    for path, size, _ in _walk(root):
+    for path, size, _ in walk_objects(root):
         total += size
         count += 1
     return total, count
 
 
-def _walk(root: Path):
+def walk_objects(root: Path):
     """(path, size, mtime) of every spill file under root, tolerating races."""
     for dirpath, _, files in os.walk(root):
         for name in files:
@@ -224,7 +224,7 @@ class SpillTier:
         with self._lock:
             now = self.clock()
             if now - self._scanned_at >= self.rescan_s or self._usage + size > self.cap_bytes:
-                files = list(_walk(self.root))
+                files = list(walk_objects(self.root))
                 self._usage = sum(s for _, s, _ in files)
                 self._scanned_at = now
                 if self._usage + size > self.cap_bytes:

@@ -160,6 +160,9 @@ class SpillingStore:
 
     def close(self, *args, **kwargs):
         """Stops the writer (after what is queued) and closes the wrapped store."""
-        self._queue.put(None)
+        try:
+            self._queue.put(None, timeout=5)
+        except queue.Full:
+            pass  # the daemon writer dies with the process
         self._writer.join(timeout=10)
         return self._store.close(*args, **kwargs)
