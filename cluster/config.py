@@ -124,8 +124,10 @@ class MooncakeConfig(_Strict):
     local_buffer_size: str = Field("128MB", description="per-worker transfer buffer")
     protocol: Literal["tcp", "rdma"] = Field("tcp", description="transfer protocol")
     device_name: str = Field("", description="RDMA device names, empty for tcp")
-    enable_offload: bool = Field(False, description="NVMe offload tier in the store")
-    offload_dir: str | None = Field(None, description="NVMe directory for the offload tier")
+    enable_offload: bool = Field(
+        False, description="Mooncake's own SSD offload flags (wrote nothing in 0.3.13); Baton spills itself"
+    )
+    offload_dir: str | None = Field(None, description="directory for Mooncake's own offload")
     kv_lease_ttl_ms: int = Field(
         10000, gt=0, description="how long a read keeps an object from eviction in the memory pool"
     )
