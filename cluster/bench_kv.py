@@ -30,9 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-from cluster.config import REPO_ROOT, BatonConfig
-from cluster.stack_process import bench_workdir, free_ports
-from kvstore.rig import KVRig
+from cluster.config import REPO_ROOT
+from cluster.stack_process import bench_workdir
+from kvstore.rig import KVRig, rig_config
 from kvstore.spill import SpillTier
 
 MODELS = REPO_ROOT / "models"
@@ -94,18 +94,6 @@ def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1
     dt = time.perf_counter() - t0
     path.unlink()
     return total / dt
-
-
-def _config(workdir: Path, model: Path, pool: str) -> BatonConfig:
-    p = free_ports(5)
-    return BatonConfig.model_validate({
-        "model": {"path": str(model)},
-        "mooncake": {"master_port": p[0], "metadata_port": p[1], "master_metrics_port": p[2],
-                     "store_port": p[3], "store_http_port": p[4], "global_segment_size": pool,
-                     "spill_dir": str(workdir / "spill"), "spill_cap": "64GB", "spill_min_free": "2GB"},
-        "prefill": {"kv_cache_gb": 1}, "decode": {"kv_cache_gb": 1},
-        "state_dir": str(workdir),
-    })
 
 
 async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
@@ -221,18 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model} ...", file=sys.stderr, flush=True)
     tiny_model.generate(model, size=args.model)
     workdir = bench_workdir("bench-kv")
-    cfg = _config(workdir, model, args.pool)
+    cfg = rig_config(workdir, kv_cache_gb=1, model=model, global_segment_size=args.pool,
+                     spill_cap="64GB", spill_min_free="2GB")
     print("raw bandwidths ...", file=sys.stderr, flush=True)
     tcp = loopback_tcp_bandwidth()
     seq = disk_sequential_read(cfg.spill_path().parent)
     rig = KVRig(cfg, workdir)
     try:
-        asyncio.run(_run(rig, lengths, args.reps, out := {}))
+        rows = asyncio.run(_run(rig, lengths, args.reps))
     finally:
         rig.close()
     from deployments.metrics import kv_bytes_per_token
 
-    summary = _summary(out["rows"], kv_bytes_per_token(model, cfg.model.dtype))
+    summary = _summary(rows, kv_bytes_per_token(model, cfg.model.dtype))
     result = {"model": args.model, "reps": args.reps, "loopback_tcp_MBps": round(tcp / 1e6),
               "disk_seq_read_MBps": round(seq / 1e6), "by_length": summary}
     print(f"{'tokens':>7} {'KV MiB':>7} {'recompute':>10} {'memory':>8} {'disk':>8} "
@@ -251,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _run(rig: KVRig, lengths: list[int], reps: int, out: dict) -> None:
+async def _run(rig: KVRig, lengths: list[int], reps: int) -> dict:
     await rig.start(progress=lambda m: print(m, file=sys.stderr, flush=True))
-    out["rows"] = await _measure(rig, lengths, reps)
+    return await _measure(rig, lengths, reps)
 
 
 if __name__ == "__main__":

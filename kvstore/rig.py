@@ -20,6 +20,7 @@ from pathlib import Path
 
 from actors import engine_args
 from cluster.config import BatonConfig
+from cluster.stack_process import free_ports
 from kvstore import mooncake
 from kvstore.spill import read_key, walk_objects
 
@@ -29,6 +30,22 @@ class Decoded:
     token_ids: list[int]
     cached_tokens: int
     ttft_s: float
+
+
+def rig_config(workdir: Path, kv_cache_gb: float, model: Path | None = None, **mooncake) -> BatonConfig:
+    """A config for a rig in `workdir`: free loopback ports for Mooncake, the
+    spill tier in `workdir/spill`, `mooncake` fields overriding the defaults."""
+    p = free_ports(5)
+    ports = dict(zip(("master_port", "metadata_port", "master_metrics_port", "store_port",
+                      "store_http_port"), p))
+    data = {
+        "mooncake": {**ports, "spill_dir": str(Path(workdir) / "spill"), **mooncake},
+        "prefill": {"kv_cache_gb": kv_cache_gb}, "decode": {"kv_cache_gb": kv_cache_gb},
+        "state_dir": str(workdir),
+    }
+    if model is not None:
+        data["model"] = {"path": str(model)}
+    return BatonConfig.model_validate(data)
 
 
 class KVRig:

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import BatonConfig, parse_size
-from cluster.stack_process import free_ports
-from kvstore.rig import KVRig
+from cluster.config import parse_size
+from kvstore.rig import KVRig, rig_config
 from kvstore.spill import dir_usage
 
 POOL = "16MB"
@@ -55,15 +54,8 @@ def _umount(path) -> None:
 def rig(tmp_path_factory, loop):
     workdir = tmp_path_factory.mktemp("kvrig")
     own_fs = _mount_tmpfs(workdir / "spill", "96m")
-    p = free_ports(5)
-    cfg = BatonConfig.model_validate({
-        "mooncake": {"master_port": p[0], "metadata_port": p[1], "master_metrics_port": p[2],
-                     "store_port": p[3], "store_http_port": p[4], "global_segment_size": POOL,
-                     "kv_lease_ttl_ms": 500, "spill_dir": str(workdir / "spill"), "spill_cap": CAP,
-                     "spill_min_free": "0"},
-        "prefill": {"kv_cache_gb": 0.05}, "decode": {"kv_cache_gb": 0.05},
-        "state_dir": str(workdir),
-    })
+    cfg = rig_config(workdir, kv_cache_gb=0.05, global_segment_size=POOL, kv_lease_ttl_ms=500,
+                     spill_cap=CAP, spill_min_free="0")
     r = KVRig(cfg, workdir)
     r.own_fs = own_fs
     try:
