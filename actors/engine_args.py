@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from cluster.config import BatonConfig, ConfigError, parse_size
+from common.config import BatonConfig, ConfigError, parse_size
 
 Role = Literal["prefill", "decode", "colocated"]
 _KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}

@@ -17,9 +17,10 @@ from typing import AsyncIterator
 from actors import engine_args
 from actors.coalesce import coalesce
 from actors.protocol import EngineChunk, EngineRequest, PrefillResult, SamplingSpec
-from cluster import tracing
+from common import tracing
 from actors.heartbeat import Heartbeat
-from cluster.config import REPO_ROOT, BatonConfig
+from common.config import BatonConfig
+from common.constants import REPO_ROOT
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
 SAVE_POLL_S = 0.005

@@ -10,7 +10,7 @@ import threading
 
 import redis
 
-from cluster.config import BatonConfig
+from common.config import BatonConfig
 from routing.redis_state import P, Registry
 
 

@@ -20,7 +20,7 @@ Cluster conventions, shared with cluster/ray_up/scripts/:
 
 Per-pool autoscaling is read from an optional `autoscaling` section of each
 pool (`min_replicas`, `max_replicas`, `target_ongoing_requests`, and
-optionally `upscale_delay_s`, `downscale_delay_s`) when cluster/config.py
+optionally `upscale_delay_s`, `downscale_delay_s`) when common/config.py
 has one; until then the fixed `replicas` apply.
 """
 
@@ -31,12 +31,14 @@ import ipaddress
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-from cluster.config import BatonConfig, ConfigError, PoolConfig, load_config
+from cluster.rollout import rollout
+from common.config import BatonConfig, ConfigError, PoolConfig, load_config
+from common.constants import RAY_NAMESPACE
+from common.progress import Progress
 
 DEFAULT_NODE_DIR = "/tmp/baton"
 DEFAULT_WORKER_CONFIG = f"{DEFAULT_NODE_DIR}/mooncake.json"
@@ -227,51 +229,6 @@ def distribute_worker_config(cfg: BatonConfig, path: Path) -> list[str]:
     return [f"{ip}: {state}" for ip, state in ray.get(refs, timeout=120)]
 
 
-def _serve_run(app, timeout_s: float, wait: bool) -> None:
-    """serve.run in a thread (it blocks until RUNNING), printing status changes.
-
-    Returns once the app is RUNNING, or, with wait=False, once Serve knows it.
-    """
-    import threading
-
-    from ray import serve
-
-    from deployments.app import APP_NAME
-
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            serve.run(app, name=APP_NAME, route_prefix="/")
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            error.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        if error:
-            raise RuntimeError(f"Serve deployment failed: {error[0]}")
-        try:
-            status = serve.status().applications.get(APP_NAME)
-        except Exception:  # noqa: BLE001 - controller still starting
-            status = None
-        if status is not None:
-            line = ", ".join(f"{n} {d.status.value}" for n, d in status.deployments.items())
-            if line != last:
-                print(f"  {status.status.value}: {line}", flush=True)
-                last = line
-            if status.status.value == "DEPLOY_FAILED":
-                raise RuntimeError(f"Serve deployment failed: {status.message}")
-            if not wait and status.status.value in ("DEPLOYING", "RUNNING") and status.deployments:
-                return
-            if status.status.value == "RUNNING" and not thread.is_alive():
-                return
-        time.sleep(2)
-    raise TimeoutError(f"the app was not RUNNING after {timeout_s:.0f}s (Serve keeps deploying it)")
-
-
 def use_cluster_token() -> None:
     """Clients of a `ray start` cluster send its token (Ray 2.60 enables token
     auth there by default; the token is ~/.ray/auth_token, or RAY_AUTH_TOKEN /
@@ -333,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    ray.init(address=args.address, namespace="baton", logging_level="WARNING")
+    ray.init(address=args.address, namespace=RAY_NAMESPACE, logging_level="WARNING")
     try:
         head_ip = args.head_ip or head_ip_of_cluster()
         cfg, changes = localize(cfg, head_ip)
@@ -344,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in distribute_worker_config(cfg, worker_config):
             print(f"  {line}")
         serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
-        _serve_run(build(cfg, worker_config), args.timeout, wait=not args.no_wait)
+        rollout(build(cfg, worker_config), Progress(total=0), args.timeout, wait=not args.no_wait)
         print(f"Baton is deployed: http://{head_ip}:{cfg.serve.port}/v1/chat/completions")
         return 0
     except (RuntimeError, TimeoutError, ConfigError) as exc:

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 from cluster import tiny_model
-from cluster.config import BatonConfig
-from cluster.processes import ManagedProcess
-from cluster.progress import Progress
+from common.config import BatonConfig
+from common.processes import ManagedProcess
+from cluster.rollout import rollout
+from common.constants import RAY_NAMESPACE
+from common.progress import Progress
 from kvstore import mooncake
 
 ENGINE_WARMUP_TIMEOUT_S = 900
@@ -38,7 +39,6 @@ class LocalStack:
         self.progress = progress or Progress(total=6)
         self.children: list[ManagedProcess] = []
         self.ray_started = False
-        self.serve_error: BaseException | None = None
         self._restarted: dict[str, float] = {}
 
     # -- steps ------------------------------------------------------------------
@@ -68,50 +68,23 @@ class LocalStack:
         import ray
 
         if self.cfg.ray.address:
-            ray.init(address=self.cfg.ray.address, namespace="baton", logging_level="WARNING")
+            ray.init(address=self.cfg.ray.address, namespace=RAY_NAMESPACE, logging_level="WARNING")
         else:
             resources: dict[str, float] = {}
             for pool in (self.cfg.prefill, self.cfg.decode):
                 for key, amount in pool.resources.resources.items():
                     resources[key] = resources.get(key, 0) + amount * pool.replicas
             ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
-                     include_dashboard=False, namespace="baton", logging_level="WARNING")
+                     include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING")
         self.ray_started = True
 
     def _serve(self, worker_cfg: Path) -> None:
         from ray import serve
 
-        from deployments.app import APP_NAME, build_app
+        from deployments.app import build_app
 
         serve.start(http_options={"host": self.cfg.serve.host, "port": self.cfg.serve.port})
-        app = build_app(self.cfg, worker_cfg)
-
-        def run() -> None:
-            try:
-                serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-            except BaseException as exc:  # noqa: BLE001 - reported by the waiting thread
-                self.serve_error = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        self.progress.wait("warming engines", lambda: self._app_ready(thread), ENGINE_WARMUP_TIMEOUT_S)
-
-    def _app_ready(self, thread: threading.Thread) -> tuple[bool, str]:
-        from ray import serve
-
-        if self.serve_error is not None:
-            raise RuntimeError(f"Serve deployment failed: {self.serve_error}")
-        try:
-            status = serve.status().applications.get("baton")
-        except Exception as exc:  # noqa: BLE001 - controller still starting
-            return False, f"waiting for Serve ({type(exc).__name__})"
-        if status is None:
-            return False, "deploying"
-        parts = [f"{name} {d.status.value}" for name, d in status.deployments.items()]
-        if status.status.value == "DEPLOY_FAILED":
-            raise RuntimeError(f"Serve deployment failed: {status.message}")
-        done = status.status.value == "RUNNING" and not thread.is_alive()
-        return done, ", ".join(parts) or status.status.value
+        rollout(build_app(self.cfg, worker_cfg), self.progress, ENGINE_WARMUP_TIMEOUT_S)
 
     def _spawn(self, proc: ManagedProcess) -> None:
         proc.start()

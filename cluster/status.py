@@ -11,9 +11,10 @@ import os
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from cluster.config import BatonConfig, parse_size
+from common.config import BatonConfig, parse_size
+from common.constants import APP_NAME, RAY_NAMESPACE
 from cluster.launcher import state_file
-from cluster.processes import pid_alive
+from common.processes import pid_alive
 from kvstore import health as kv_health
 from kvstore.spill import dir_usage
 
@@ -65,8 +66,8 @@ def _serve(address: str) -> list[Component]:
     from ray import serve
 
     try:
-        ray.init(address=address, namespace="baton", logging_level="ERROR", log_to_driver=False)
-        app = serve.status().applications.get("baton")
+        ray.init(address=address, namespace=RAY_NAMESPACE, logging_level="ERROR", log_to_driver=False)
+        app = serve.status().applications.get(APP_NAME)
     except Exception as exc:  # noqa: BLE001
         return [Component("ray", "down", str(exc))]
     out = [Component("ray", "healthy", address)]

@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-CORPUS = Path(__file__).parent / "assets" / "corpus.txt"
+from common.constants import CORPUS
+
 SPECIAL_TOKENS = ["<|bos|>", "<|end|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}"

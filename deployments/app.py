@@ -14,12 +14,10 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from actors.engine_server import EngineServer
-from cluster.config import BatonConfig, PoolConfig
+from common.config import BatonConfig, PoolConfig
 from deployments import replica_router
 from deployments.ingress import Ingress
 from deployments.kv_indexer import KVIndexer
-
-APP_NAME = "baton"
 
 
 def _engine_env(mooncake_config: Path | None) -> dict[str, str]:

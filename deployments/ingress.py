@@ -22,10 +22,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 
 from actors.protocol import EngineChunk, EngineRequest, SamplingSpec
-from cluster import tracing
-from cluster.config import REPO_ROOT, BatonConfig
+from common import tracing
+from common.config import BatonConfig
+from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REPO_ROOT, REQUEST_ID_HEADER, SESSION_HEADER
 from deployments import render
-from deployments.admission import Admission, AdmissionConfig, AsyncAdmission, Shed
+from deployments.admission import Admission, AsyncAdmission, Shed
 from deployments.metrics import IngressMetrics, kv_bytes_per_token
 from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import (
@@ -35,10 +36,6 @@ from deployments.schemas import (
     openapi_operation,
     parse,
 )
-
-DEFAULT_TENANT = "default"
-SESSION_HEADER = "x-session-affinity"
-DEADLINE_HEADER = "x-baton-deadline-s"
 
 app = FastAPI(title="Baton", description="OpenAI-compatible, PD-disaggregated LLM serving")
 
@@ -74,7 +71,7 @@ class Ingress:
         self.prefill, self.decode = prefill, decode
         self.indexer = indexer  # bound so Serve deploys it; the ingress only reads Redis
         self.metrics = IngressMetrics()
-        self.gate = AsyncAdmission(Admission(AdmissionConfig(**self.cfg.admission.model_dump()),
+        self.gate = AsyncAdmission(Admission(self.cfg.admission,
                                              replicas=self.cfg.decode.replicas))
         self.kv_bytes_per_token = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
         self.routing = RequestRouting(self.cfg, redis.asyncio.Redis.from_url(self.cfg.redis.url),
@@ -154,7 +151,7 @@ class Ingress:
         tenant = self._tenant(request)
         ereq = self._engine_request(req, request_id, tenant)
         session = request.headers.get(SESSION_HEADER)
-        headers = {"x-baton-request-id": request_id}
+        headers = {REQUEST_ID_HEADER: request_id}
         if session:
             headers[SESSION_HEADER] = session
         deadline = time.monotonic() + self.cfg.serve.request_timeout_s
@@ -175,8 +172,9 @@ class Ingress:
             span.end()
             raise
         span.set_attribute("baton.route", route.reason)
-        out.baton.update(route=route.reason, decode_only=route.decode_only,
-                         predicted_cached_tokens=route.predicted_cached_tokens)
+        out.baton.route = route.reason
+        out.baton.decode_only = route.decode_only
+        out.baton.predicted_cached_tokens = route.predicted_cached_tokens
         self.routing.started(route)
         chunks = None
         try:
@@ -223,7 +221,7 @@ class Ingress:
             span.add_event("retry", {"error": type(exc).__name__})
             self.routing.prefill_done(route)
             self.routing.finished(route)
-            out.baton["retried_after"] = type(exc).__name__
+            out.baton.retried_after = type(exc).__name__
             retry = Route(None, None, route.decode_only, route.reason, route.predicted_cached_tokens)
             chunks = await self._start(ereq, retry, out, span, deadline)
             return chunks, await self._next(chunks, deadline)
@@ -240,8 +238,8 @@ class Ingress:
                         deadline - time.monotonic())
                 finally:
                     self.routing.prefill_done(route)
-                out.prefill_cached_tokens = res.num_cached_tokens
-                out.baton["prefill_replica"] = res.replica
+                out.baton.prefill_cached_tokens = res.num_cached_tokens
+                out.baton.prefill_replica = res.replica
             target = replace(ereq, target_replica=route.decode_replica)
             return self.decode.options(stream=True).generate.remote(target)
 
@@ -250,9 +248,9 @@ class Ingress:
         self.routing.prefill_done(route)  # no-op unless prefill never returned
         self.routing.finished(route)
         bs, m = self.cfg.model.block_size, self.metrics
-        m.record_hit(out.usage()["prompt_tokens_details"]["cached_tokens"] // bs, out.prompt_tokens // bs)
-        if out.prefill_cached_tokens is not None:  # decode loaded what prefill wrote
-            m.kv_bytes.inc(out.cached_tokens * self.kv_bytes_per_token)
+        m.record_hit(out.baton.cached_tokens() // bs, out.prompt_tokens // bs)
+        if out.baton.prefill_cached_tokens is not None:  # decode loaded what prefill wrote
+            m.kv_bytes.inc(out.baton.decode_cached_tokens * self.kv_bytes_per_token)
         now = time.monotonic()
         m.e2e.observe(now - out.started)
         if out.first_token_at is not None:

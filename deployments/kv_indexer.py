@@ -4,7 +4,7 @@ One Serve replica binds a ZMQ SUB socket that every engine's KV-event
 publisher connects to (topic = replica id), translates each event into Baton's tenant-salted block hashes
 (routing/event_translator.py) and writes them to Redis, where every ingress
 replica reads them. Blocks an engine saved into Mooncake are recorded under
-the pseudo-replica `STORE`. A replica whose heartbeat goes stale is removed
+the pseudo-replica `STORE_REPLICA`. A replica whose heartbeat goes stale is removed
 from the index, so the router forgets a dead replica's blocks.
 """
 
@@ -17,11 +17,11 @@ from collections import Counter
 import redis
 from ray import serve
 
-from cluster.config import BatonConfig
+from common.config import BatonConfig
+from common.constants import STORE_REPLICA
 from routing.event_translator import EventTranslator
 from routing.redis_state import P, IndexWriter, Registry
 
-STORE = "store"
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
 SWEEP_S = 1.0
@@ -76,7 +76,7 @@ class EventLoop:
                         continue
                     self.writer.stored(replica, t.hashes, t.parent)
                 else:  # saved into the Mooncake store by this (prefill) engine
-                    self.writer.stored(STORE, self.translator.known(replica, ev.block_hashes), None)
+                    self.writer.stored(STORE_REPLICA, self.translator.known(replica, ev.block_hashes), None)
             elif isinstance(ev, BlockRemoved):
                 if ev.medium in LOCAL_MEDIA:
                     self.writer.removed(replica, self.translator.removed(replica, ev.block_hashes))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from actors.protocol import EngineChunk
+from common.response import BatonInfo
 
 
 def sse(payload: dict | str) -> bytes:
@@ -31,14 +32,11 @@ class Completion:
     first_token_at: float | None = None
     text: str = ""
     completion_tokens: int = 0
-    cached_tokens: int = 0
     finish_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     return_token_ids: bool = False
-    # Set when a prefill replica computed the prompt; else decode's count is the hit.
-    prefill_cached_tokens: int | None = None
     # Baton extension in responses: route, replicas, predicted and actual hits.
-    baton: dict = field(default_factory=dict)
+    baton: BatonInfo = field(default_factory=BatonInfo)
 
     def add(self, chunk: EngineChunk) -> None:
         """Folds one engine delta into the totals."""
@@ -47,27 +45,21 @@ class Completion:
         self.text += chunk.text
         self.completion_tokens += len(chunk.token_ids)
         self.token_ids.extend(chunk.token_ids)
-        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
-        self.baton.setdefault("decode_replica", chunk.replica)
+        b = self.baton
+        b.decode_cached_tokens = max(b.decode_cached_tokens, chunk.num_cached_tokens)
+        if b.decode_replica is None:
+            b.decode_replica = chunk.replica
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
 
     def usage(self) -> dict:
-        """OpenAI usage. `cached_tokens` are prompt tokens this request did
-        not compute: the prefill engine's hit, or decode's on a decode-only
-        request (a decode replica loading KV that prefill just wrote is a
-        transfer, reported as baton.decode_cached_tokens)."""
-        hit = self.cached_tokens if self.prefill_cached_tokens is None else self.prefill_cached_tokens
+        """OpenAI usage, with `cached_tokens` as `BatonInfo.cached_tokens` counts them."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": hit},
+            "prompt_tokens_details": {"cached_tokens": self.baton.cached_tokens()},
         }
-
-    def extension(self) -> dict:
-        return {**self.baton, "prefill_cached_tokens": self.prefill_cached_tokens,
-                "decode_cached_tokens": self.cached_tokens}
 
     def _envelope(self, obj: str) -> dict:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
@@ -83,7 +75,7 @@ class Completion:
             body = self._envelope("text_completion")
         if self.return_token_ids:
             choice["token_ids"] = self.token_ids
-        return {**body, "choices": [choice], "usage": self.usage(), "baton": self.extension()}
+        return {**body, "choices": [choice], "usage": self.usage(), "baton": self.baton.body()}
 
     def first_event(self) -> bytes | None:
         """The role-announcing chunk that opens a chat stream."""
@@ -109,7 +101,7 @@ class Completion:
 
     def usage_event(self) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return sse({**self._envelope(obj), "choices": [], "usage": self.usage(), "baton": self.extension()})
+        return sse({**self._envelope(obj), "choices": [], "usage": self.usage(), "baton": self.baton.body()})
 
 
 def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:

@@ -16,15 +16,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from cluster.config import BatonConfig
+from common.config import BatonConfig
+from common.constants import STORE_REPLICA
 from deployments.metrics import IngressMetrics
 from routing import redis_state
 from routing.block_hash import hash_blocks
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.policy import BatonPolicy
 from routing.snapshot import pins_view
-
-STORE = "store"
 
 
 @dataclass
@@ -86,7 +85,7 @@ class RequestRouting:
         decode = await self._choose("decode", req, snap, now)
         if decode is None:
             return Route(None, None, False, "no_replicas", 0, prompt_blocks=len(hashes))
-        store_held = snap.match(hashes).get(STORE, 0)
+        store_held = snap.match(hashes).get(STORE_REPLICA, 0)
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
         route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes))

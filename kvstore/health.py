@@ -10,7 +10,7 @@ import json
 import urllib.request
 from dataclasses import dataclass, field
 
-from cluster.config import MooncakeConfig
+from common.config import MooncakeConfig
 
 _GAUGES = {
     "master_allocated_bytes": "memory_used_bytes",

@@ -16,8 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from cluster.config import MooncakeConfig
-from cluster.processes import ManagedProcess
+from common.config import MooncakeConfig
+from common.processes import ManagedProcess
 
 
 def _binary(name: str) -> str:

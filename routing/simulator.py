@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 from routing.contracts import ReplicaLoad, Router, RoutingRequest
 from routing.lru_cache import LRUBlockCache
-from routing.trace import TRACE_BLOCK_TOKENS, TraceRequest
+from common.constants import TRACE_BLOCK_TOKENS
+from routing.trace import TraceRequest
 
 
 @dataclass(frozen=True)

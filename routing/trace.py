@@ -13,9 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.constants import TRACE_BLOCK_TOKENS
 from routing.block_hash import hash_blocks
-
-TRACE_BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True)

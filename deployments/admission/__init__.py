@@ -3,7 +3,7 @@
 Pure logic (time passed in as ``now``), with ``AsyncAdmission`` as the asyncio
 shell. Every shed request is a 429 with ``Retry-After``, never a 5xx.
 
-* ``config``          AdmissionConfig (tiers, weights, bounds, default deadline)
+* ``AdmissionConfig`` (tiers, weights, bounds, default deadline) lives in common.config
 * ``permits``         Permits: the per-replica concurrency pool
 * ``fair_queue``      FairQueue: SCFQ across tenants, bounded, deadline-aware
 * ``admission``       Admission: permits + queue + counters; Ticket lifecycle
@@ -13,7 +13,7 @@ shell. Every shed request is a 429 with ``Retry-After``, never a 5xx.
 
 from .admission import Admission
 from .async_admission import AsyncAdmission, Permit, Shed
-from .config import AdmissionConfig
+from common.config import AdmissionConfig
 from .fair_queue import FairQueue
 from .outcomes import Admit, Popped, Reject, ShedReason
 from .permits import Permits

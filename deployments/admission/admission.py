@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 
-from .config import AdmissionConfig
+from common.config import AdmissionConfig
 from .fair_queue import FairQueue
 from .outcomes import Admit, Popped, ShedReason
 from .permits import Permits

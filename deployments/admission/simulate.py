@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .admission import Admission
-from .config import AdmissionConfig
+from common.config import AdmissionConfig
 from .outcomes import ShedReason
 from .ticket import Ticket
 
@@ -69,6 +69,26 @@ def two_tenant_load(load_x: float, capacity_rps: float,
     return {"light": light, "heavy": heavy_factor * light}
 
 
+def _arrivals(offered_rps: Mapping[str, float], duration_s: float) -> list[tuple[float, int, int, object]]:
+    """Evenly spaced arrivals per tenant, staggered between tenants, as a heap.
+
+    Entries are (time, kind, seq, payload): kind 0 = completion, 1 = arrival,
+    so a permit freed at time t is free for an arrival at the same t.
+    """
+    events: list[tuple[float, int, int, object]] = []
+    n = len(offered_rps)
+    for i, (tenant, rate) in enumerate(offered_rps.items()):
+        if rate <= 0:
+            continue
+        interval = 1.0 / rate
+        for k in range(math.ceil(duration_s * rate) + 1):
+            at = (k + (i + 1) / (n + 1)) * interval
+            if at < duration_s:
+                events.append((at, 1, len(events), tenant))
+    heapq.heapify(events)
+    return events
+
+
 def simulate_overload(config: AdmissionConfig, offered_rps: Mapping[str, float],
                       service_time_s: float, duration_s: float, replicas: int = 1,
                       tiers: Mapping[str, str] | None = None,
@@ -82,21 +102,8 @@ def simulate_overload(config: AdmissionConfig, offered_rps: Mapping[str, float],
         raise ValueError("service_time_s and duration_s must be positive")
     adm = Admission(config, replicas)
     tiers = dict(tiers or {})
-    # (time, kind, seq, payload): kind 0 = completion, 1 = arrival, so a
-    # permit freed at time t is free for an arrival at the same t.
-    events: list[tuple[float, int, int, object]] = []
-    seq = 0
-    n = len(offered_rps)
-    for i, (tenant, rate) in enumerate(offered_rps.items()):
-        if rate <= 0:
-            continue
-        interval = 1.0 / rate
-        for k in range(math.ceil(duration_s * rate) + 1):
-            at = (k + (i + 1) / (n + 1)) * interval
-            if at < duration_s:
-                events.append((at, 1, seq, tenant))
-                seq += 1
-    heapq.heapify(events)
+    events = _arrivals(offered_rps, duration_s)
+    seq = len(events)
     offered = {t: 0 for t in offered_rps}
     successes = {t: 0 for t in offered_rps}
 

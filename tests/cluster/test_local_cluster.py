@@ -49,7 +49,8 @@ import yaml
 
 from cluster.ray_up import local_node
 from cluster.ray_up.local_provider import cluster_dir
-from cluster.stack_process import REPO, free_ports
+from common.constants import REPO_ROOT as REPO
+from common.processes import free_ports
 
 LOCAL_YAML = REPO / "cluster" / "ray_up" / "local.yaml"
 PYTHON = sys.executable

@@ -23,7 +23,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, TAG_RAY_NODE_
 
 from cluster.ray_up import local_node
 from cluster.ray_up.local_provider import LocalProcessProvider
-from cluster.stack_process import REPO
+from bench.stack import REPO
 
 LOCAL_YAML = REPO / "cluster" / "ray_up" / "local.yaml"
 

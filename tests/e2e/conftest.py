@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.processes import pid_alive
-from cluster.stack_process import REPO, StackProcess, write_config
+from common.processes import pid_alive
+from bench.stack import StackProcess, write_config
+from common.constants import REPO_ROOT as REPO
 
 
 PIN_TTL_S = 10

@@ -14,7 +14,7 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from cluster.config import load_config
+    from common.config import load_config
     from tests.e2e import prompts
 
     cfg = load_config(sys.argv[1])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from cluster.config import MooncakeConfig
-from cluster.stack_process import free_ports
+from common.config import MooncakeConfig
+from common.processes import free_ports
 from kvstore import health, mooncake
 
 

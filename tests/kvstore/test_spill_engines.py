@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import parse_size
-from kvstore.rig import KVRig, rig_config
+from common.config import parse_size
+from bench.kv_rig import KVRig, rig_config
 from kvstore.spill import dir_usage
 
 POOL = "16MB"

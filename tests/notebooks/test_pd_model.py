@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cluster.pd_model import (Costs, Line, Slo, Workload, best_splits, calibrate, decode_batch, erlang_c,
+from bench.pd_model import (Costs, Line, Slo, Workload, best_splits, calibrate, decode_batch, erlang_c,
                               evaluate, fit_line, max_rate, mean_wait, wait_tail)
 
 # 1500-token prompts cost 0.16 s of prefill; a decode step costs 10 ms + 0.2 ms per sequence.

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.processes import pid_alive
-from cluster.stack_process import REPO
+from common.processes import pid_alive
+from common.constants import REPO_ROOT as REPO
 
 NOTEBOOK = REPO / "notebooks" / "pd_ratio.ipynb"
 PLOTS = ("pd_sweep.png", "pd_calibration.png", "pd_extrapolation.png")

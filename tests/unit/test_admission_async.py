@@ -8,7 +8,8 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def gate(capacity: int = 1, per_tenant: int = 10, total: int = 20, deadline_s: float = 30.0) -> AsyncAdmission:
-    return AsyncAdmission(Admission(AdmissionConfig(capacity, per_tenant, total, deadline_s)))
+    return AsyncAdmission(Admission(AdmissionConfig(capacity_per_replica=capacity, max_queue_per_tenant=per_tenant,
+                                                     max_queue_total=total, default_deadline_s=deadline_s)))
 
 
 async def settle() -> None:
@@ -34,13 +35,19 @@ def test_waiter_wakes_when_the_permit_is_released():
     asyncio.run(main())
 
 
+async def holder_and_two_waiters(g: AsyncAdmission, holder: str, first: str, second: str):
+    """Takes the one permit for `holder` and queues `first`, then `second`."""
+    p1 = await g.acquire(holder)
+    waiter = asyncio.create_task(g.acquire(first))
+    other = asyncio.create_task(g.acquire(second))
+    await settle()
+    return p1, waiter, other
+
+
 def test_release_is_idempotent():
     async def main():
         g = gate()
-        p1 = await g.acquire("a")
-        waiter = asyncio.create_task(g.acquire("a"))
-        third = asyncio.create_task(g.acquire("a"))
-        await settle()
+        p1, waiter, third = await holder_and_two_waiters(g, "a", "a", "a")
         p1.release()
         p1.release()  # must not free the permit just handed to the waiter
         await settle()
@@ -121,10 +128,7 @@ def test_cancelling_a_waiting_acquire_removes_it_from_the_queue():
 def test_cancel_after_the_permit_was_granted_gives_it_back():
     async def main():
         g = gate()
-        p1 = await g.acquire("a")
-        waiter = asyncio.create_task(g.acquire("b"))
-        next_one = asyncio.create_task(g.acquire("c"))
-        await settle()
+        p1, waiter, next_one = await holder_and_two_waiters(g, "a", "b", "c")
         p1.release()  # grants the permit to the waiter ...
         waiter.cancel()  # ... which is cancelled before it runs
         with pytest.raises(asyncio.CancelledError):

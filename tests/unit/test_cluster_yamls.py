@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from cluster import deploy
-from cluster.config import REPO_ROOT, BatonConfig, load_config
+from common.config import REPO_ROOT, BatonConfig, load_config
 
 RAY_UP = REPO_ROOT / "cluster" / "ray_up"
 SCRIPTS = RAY_UP / "scripts"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.config import ConfigError, load_config
+from common.config import ConfigError, load_config
 
 
 def write(tmp_path, text: str):

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from cluster import bench_load, bench_serve, loadgen
-from cluster.loadgen import CHAT, COMPLETIONS, SESSION_HEADER, RequestResult, RequestSpec
+from bench import load as bench_load, serve as bench_serve, loadgen
+from bench.loadgen import CHAT, COMPLETIONS, SESSION_HEADER, RequestResult, RequestSpec
 
 # -- arrivals and sessions --------------------------------------------------------
 

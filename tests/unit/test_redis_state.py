@@ -11,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from cluster.processes import port_open
-from cluster.stack_process import free_ports
+from common.processes import port_open
+from common.processes import free_ports
 from routing.policy import BatonPolicy
 from routing.prefix_index import PrefixIndex
 from routing.redis_state import IndexWriter, Pins, Registry, snapshot

@@ -1,13 +1,9 @@
 import json
 
-import pytest
-
-from routing import bench_router
-
-TRACE = bench_router.DEFAULT_TRACE
+from bench import router as bench_router
+from common.constants import TRACE
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_bench_on_the_head_of_the_real_trace(capsys, tmp_path):
     head = tmp_path / "head.jsonl"
     with open(TRACE, encoding="utf-8") as f:

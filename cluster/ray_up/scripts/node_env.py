@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from cluster.config import ConfigError, load_config  # noqa: E402
+from common.config import ConfigError, load_config  # noqa: E402
 from cluster.deploy import localize  # noqa: E402
 from kvstore.mooncake import write_worker_config  # noqa: E402
 

@@ -25,6 +25,19 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports free on loopback right now (the OS picks them)."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors import engine_args
-from cluster.config import BatonConfig
-from cluster.stack_process import free_ports
+from common.config import BatonConfig
+from common.processes import free_ports
 from kvstore import mooncake
 from kvstore.spill import read_key, walk_objects
 

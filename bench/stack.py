@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,21 +18,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from common.constants import REPO_ROOT
+from common.processes import free_ports
+
 BATON = Path(sys.executable).parent / "baton"
 READY_TIMEOUT_S = 600
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def port_ready(host: str, port: int, proc: subprocess.Popen, timeout: float, path: str = "/health") -> None:
@@ -59,7 +48,7 @@ def bench_workdir(name: str) -> Path:
     default state dir, kept after the run for a look at the logs."""
     import shutil
 
-    from cluster.config import load_config
+    from common.config import load_config
 
     workdir = load_config(None, environ={}).state_path() / name
     shutil.rmtree(workdir, ignore_errors=True)
@@ -98,14 +87,14 @@ class StackProcess:
 
     def baton(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(BATON), "--config", str(self.config), *args],
-                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
 
     def start(self) -> None:
         """Starts `baton up`; returns once it printed its ready line."""
         out = open(self.log, "w")
         self.proc = subprocess.Popen([str(BATON), "--config", str(self.config), "up"],
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

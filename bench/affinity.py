@@ -14,9 +14,10 @@ import argparse
 import json
 import sys
 
-from cluster import loadgen
-from cluster.bench_load import run
-from cluster.stack_process import StackProcess, bench_workdir, write_config
+from bench import loadgen
+from bench.load import run
+from common.stats import percentile
+from bench.stack import StackProcess, bench_workdir, write_config
 
 
 def _turn_stats(results) -> dict:
@@ -25,9 +26,9 @@ def _turn_stats(results) -> dict:
     later = [r.ttft_s for r in ok if r.turn > 0]
     return {
         "requests_ok": len(ok), "errors": len(results) - len(ok),
-        "ttft_turn1_p50_s": loadgen.percentile(first, 50),
-        "ttft_turn2plus_p50_s": loadgen.percentile(later, 50),
-        "ttft_turn2plus_p90_s": loadgen.percentile(later, 90),
+        "ttft_turn1_p50_s": percentile(first, 50),
+        "ttft_turn2plus_p50_s": percentile(later, 50),
+        "ttft_turn2plus_p90_s": percentile(later, 90),
         "cached_share_turn2plus": (sum(r.cached_tokens or 0 for r in ok if r.turn > 0)
                                    / max(1, sum(r.input_tokens or 0 for r in ok if r.turn > 0))),
     }

@@ -1,7 +1,7 @@
 """`baton bench kv`: loading a prefix from the memory tier, from the disk tier, or recomputing it.
 
 One run starts a real Mooncake master and store and a prefill/decode engine
-pair with Baton's connector (kvstore/rig.py). For each prefix length it
+pair with Baton's connector (bench/kv_rig.py). For each prefix length it
 measures, interleaved, the decode engine's time to first token when
 
 - recompute: the prefix is in no tier, the engine computes it;
@@ -30,9 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-from cluster.config import REPO_ROOT
-from cluster.stack_process import bench_workdir
-from kvstore.rig import KVRig, rig_config
+from common.constants import REPO_ROOT
+from bench.stack import bench_workdir
+from bench.kv_rig import KVRig, rig_config
 from kvstore.spill import SpillTier
 
 MODELS = REPO_ROOT / "models"

@@ -1,6 +1,6 @@
 """`baton bench load`: send a workload to an OpenAI endpoint and measure it.
 
-Sends the `RequestSpec`s built by `cluster.loadgen` at their times, streams
+Sends the `RequestSpec`s built by `bench.loadgen` at their times, streams
 every answer (``stream_options.include_usage``) and measures TTFT (to the
 first non-empty text delta), TPOT, end-to-end latency and tokens. Prints one
 JSON summary line; ``--out-json`` adds every request, ``--out-csv`` writes
@@ -29,10 +29,10 @@ from typing import Sequence
 
 import httpx
 
-from cluster import loadgen
-from cluster.loadgen import RequestResult, RequestSpec
+from bench import loadgen
+from bench.loadgen import RequestResult, RequestSpec
+from common.constants import TRACE
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_conversation_trace.jsonl"
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -111,6 +111,34 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, headers: dict
     return "".join(text)
 
 
+class _Sessions:
+    """Turn order of multi-turn chat specs: each turn waits for the previous
+    turn's answer and resends the whole conversation."""
+
+    def __init__(self, specs: Sequence[RequestSpec]):
+        self.done = {(s.session_id, s.turn): asyncio.Event() for s in specs if s.chat_history}
+        self.history: dict[str | None, list[dict]] = {}
+
+    async def messages(self, spec: RequestSpec) -> list[dict]:
+        """Waits for the previous turn (and the think time); the messages to send."""
+        if spec.turn > 0:
+            await self.done[(spec.session_id, spec.turn - 1)].wait()
+            if spec.session_id not in self.history:
+                raise RuntimeError("previous turn failed")
+            await asyncio.sleep(spec.think_s)
+        return self.history.get(spec.session_id, []) + spec.body["messages"]
+
+    def answered(self, spec: RequestSpec, messages: list[dict], answer: str) -> None:
+        """Records the turn's answer as part of its session's conversation."""
+        self.history[spec.session_id] = messages + [{"role": "assistant", "content": answer}]
+
+    def finished(self, spec: RequestSpec, failed: bool) -> None:
+        """Releases the next turn; a failed turn fails the rest of its session."""
+        if failed:
+            self.history.pop(spec.session_id, None)
+        self.done[(spec.session_id, spec.turn)].set()
+
+
 async def run_async(url: str, specs: Sequence[RequestSpec], *, model: str = "baton-tiny",
                     concurrency: int | None = None, timeout_s: float = 120.0,
                     deadline_s: float | None = None, slo_ttft_s: float = 1.0, slo_tpot_s: float = 0.1,
@@ -126,9 +154,7 @@ async def run_async(url: str, specs: Sequence[RequestSpec], *, model: str = "bat
     url = url.rstrip("/")
     sem = asyncio.Semaphore(concurrency or len(specs) or 1)
     results: dict[int, RequestResult] = {}
-    turn_done: dict[tuple[str | None, int], asyncio.Event] = {
-        (s.session_id, s.turn): asyncio.Event() for s in specs if s.chat_history}
-    conversations: dict[str | None, list[dict]] = {}
+    sessions = _Sessions(specs)
     bar = _Bar(len(specs), label, progress)
     limits = httpx.Limits(max_connections=concurrency or None, max_keepalive_connections=concurrency or None)
     t0 = time.perf_counter()
@@ -140,12 +166,7 @@ async def run_async(url: str, specs: Sequence[RequestSpec], *, model: str = "bat
         try:
             await asyncio.sleep(max(0.0, t0 + spec.at_s - time.perf_counter()))
             if spec.chat_history:
-                if spec.turn > 0:
-                    await turn_done[(spec.session_id, spec.turn - 1)].wait()
-                    if spec.session_id not in conversations:
-                        raise RuntimeError("previous turn failed")
-                    await asyncio.sleep(spec.think_s)
-                body["messages"] = conversations.get(spec.session_id, []) + spec.body["messages"]
+                body["messages"] = await sessions.messages(spec)
             async with sem:
                 sent = time.perf_counter()
                 result.sent_s = sent - t0
@@ -153,16 +174,14 @@ async def run_async(url: str, specs: Sequence[RequestSpec], *, model: str = "bat
                     _stream(client, url + spec.endpoint, body, {**(headers or {}), **spec.headers}, result, sent),
                     timeout_s)
             if spec.chat_history:
-                conversations[spec.session_id] = body["messages"] + [{"role": "assistant", "content": answer}]
+                sessions.answered(spec, body["messages"], answer)
         except asyncio.TimeoutError:
             result.error = f"timeout after {timeout_s:g}s"
         except Exception as exc:  # noqa: BLE001 - every failure becomes a result
             result.error = f"{type(exc).__name__}: {exc}"[:300]
         finally:  # also on cancellation, so that later turns never wait forever
             if spec.chat_history:
-                if result.error:
-                    conversations.pop(spec.session_id, None)
-                turn_done[(spec.session_id, spec.turn)].set()
+                sessions.finished(spec, bool(result.error))
         results[spec.index] = result
         bar.update()
 
@@ -228,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="baton-tiny")
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--workload", default="trace", choices=("trace",) + loadgen.SYNTHETIC)
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--limit", type=int, default=200, help="trace lines to replay")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace arrival = timestamp x this (0: all at once)")
     p.add_argument("--tokens-per-block", type=int, default=16, help="tokens per trace hash id (trace: 512)")

@@ -11,6 +11,7 @@ as YAML scalars, so `true`, `2` and `0.5` keep their types.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
+from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
+
 ENV_PREFIX = "BATON__"
 
 
@@ -189,20 +190,58 @@ class RoutingConfig(_Strict):
     seed: int = Field(0, description="seed of the policy's power-of-two draws")
 
 
-class AdmissionSection(_Strict):
+class AdmissionConfig(_Strict):
+    """Admission control: engine permits, weighted fair queues per tenant, shedding.
+
+    Capacity is per decode replica so the pool can grow; tenants map to tiers
+    and tiers to fair-queueing weights. A tenant not in ``tenant_tiers`` gets
+    ``default_tier``; so does a tier not in ``tier_weights`` (for example a
+    mistyped header), rather than failing the request.
+    """
+
     capacity_per_replica: int = Field(
         16, ge=1, description="engine permits per decode replica: requests generating at once"
     )
     max_queue_per_tenant: int = Field(64, ge=0, description="waiting requests one tenant may hold")
     max_queue_total: int = Field(256, ge=0, description="waiting requests across all tenants")
     default_deadline_s: float = Field(
-        30, gt=0, description="queueing deadline unless the x-baton-deadline-s header sets one"
+        30, gt=0, allow_inf_nan=False,
+        description="queueing deadline unless the x-baton-deadline-s header sets one",
     )
     tier_weights: dict[str, float] = Field(
         default_factory=lambda: {"default": 1.0}, description="fair-queueing weight of each tier"
     )
     tenant_tiers: dict[str, str] = Field(default_factory=dict, description="tenant -> tier")
     default_tier: str = Field("default", description="tier of tenants not in tenant_tiers")
+    ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest service time in the EWMA")
+    max_retry_after_s: int = Field(60, ge=1, description="ceiling on the Retry-After hint")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AdmissionConfig":
+        if self.max_queue_total < self.max_queue_per_tenant:
+            raise ValueError(f"max_queue_total ({self.max_queue_total}) must be >= "
+                             f"max_queue_per_tenant ({self.max_queue_per_tenant})")
+        if not self.tier_weights:
+            raise ValueError("tier_weights must name at least one tier")
+        for tier, w in self.tier_weights.items():
+            if not (w > 0 and math.isfinite(w)):
+                raise ValueError(f"weight of tier {tier!r} must be positive, got {w}")
+        if self.default_tier not in self.tier_weights:
+            raise ValueError(f"default_tier {self.default_tier!r} is not in tier_weights")
+        for tenant, tier in self.tenant_tiers.items():
+            if tier not in self.tier_weights:
+                raise ValueError(f"tenant {tenant!r} has unknown tier {tier!r}")
+        return self
+
+    def tier_of(self, tenant: str, tier: str | None = None) -> str:
+        """The tier that applies: ``tier`` if known, else the tenant's, else the default."""
+        if tier is not None and tier in self.tier_weights:
+            return tier
+        return self.tenant_tiers.get(tenant, self.default_tier)
+
+    def weight_of(self, tier: str) -> float:
+        """WFQ weight of ``tier`` (the default tier's weight if unknown)."""
+        return self.tier_weights.get(tier, self.tier_weights[self.default_tier])
 
 
 class RayConfig(_Strict):
@@ -222,7 +261,7 @@ class BatonConfig(_Strict):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    admission: AdmissionSection = Field(default_factory=AdmissionSection)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
 

@@ -16,10 +16,10 @@ import re
 import sys
 import time
 
-from cluster import loadgen
-from cluster.bench_load import run
-from cluster.loadgen import CHAT, RequestSpec
-from cluster.stack_process import StackProcess, bench_workdir, write_config
+from bench import loadgen
+from bench.load import run
+from bench.loadgen import CHAT, RequestSpec
+from bench.stack import StackProcess, bench_workdir, write_config
 from deployments.admission import max_min_fair_share
 
 KEYS = {"heavy": "key-heavy", "light": "key-light"}

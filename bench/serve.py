@@ -17,25 +17,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster.bench_load import run_async
-from cluster.config import load_config
-from cluster.loadgen import CHAT, RequestSpec
-from cluster.stack_process import (
-    REPO,
+from bench.load import run_async
+from bench.loadgen import CHAT, RequestSpec
+from common.config import load_config
+from common.constants import CORPUS, REPO_ROOT
+from common.processes import free_ports
+from bench.stack import (
     StackProcess,
     bench_workdir,
-    free_ports,
     port_ready,
     write_config,
 )
 
-CORPUS = (REPO / "cluster" / "assets" / "corpus.txt").read_text().split()
+WORDS = CORPUS.read_text().split()
 
 
 def workload(n: int, input_words: int) -> list[list[dict]]:
     """n chat prompts of the same length; each opens with its own number."""
     return [[{"role": "user", "content": f"Request {i}. " + " ".join(
-        CORPUS[(i * 7 + j) % len(CORPUS)] for j in range(input_words))}] for i in range(n)]
+        WORDS[(i * 7 + j) % len(WORDS)] for j in range(input_words))}] for i in range(n)]
 
 
 def _specs(prompts, max_tokens: int) -> list[RequestSpec]:

@@ -1,7 +1,7 @@
 """Load-generator workloads and their statistics, without any network.
 
 A workload is a list of `RequestSpec`: what to POST, where, and when. The
-driver in `cluster.bench_load` sends them and hands back one `RequestResult`
+driver in `bench.load` sends them and hands back one `RequestResult`
 each; `summarize` turns those into one dict. Time is always passed in, so
 everything here is deterministic for a given seed.
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-SESSION_HEADER = "x-session-affinity"
-TRACE_BLOCK_TOKENS = 512
+from common.constants import CORPUS, SESSION_HEADER, TRACE_BLOCK_TOKENS
+from common.stats import percentile
+
 VOCAB_LOW, VOCAB_HIGH = 6, 1000  # token ids that are plain text in the tiny model
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
-CORPUS = Path(__file__).resolve().parent / "assets" / "corpus.txt"
 SYNTHETIC = ("prefill-heavy", "decode-heavy", "agentic")
 
 
@@ -217,17 +217,6 @@ def synthetic_workload(kind: str, n: int, rate: float | None = None, seed: int =
 
 
 # -- statistics -------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100), linear between ranks; None if empty."""
-    s = sorted(v for v in values if not math.isnan(v))
-    if not s:
-        return None
-    pos = q / 100 * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def within_slo(r: RequestResult, slo_ttft_s: float, slo_tpot_s: float) -> bool:

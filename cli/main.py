@@ -9,8 +9,8 @@ import signal
 import sys
 import time
 
-from cluster.config import ConfigError, load_config
-from cluster.processes import pid_alive
+from common.config import ConfigError, load_config
+from common.processes import pid_alive
 
 
 def _load(args):
@@ -106,20 +106,15 @@ def cmd_model(args) -> int:
     return tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
 
 
-BENCHES = {
-    "serve": "cluster.bench_serve",
-    "load": "cluster.bench_load",
-    "affinity": "cluster.bench_affinity",
-    "overload": "cluster.bench_overload",
-    "router": "routing.bench_router",
-    "kv": "cluster.bench_kv",
-}
+BENCHES = ("serve", "load", "affinity", "overload", "router", "kv")
 
 
 def cmd_bench(args) -> int:
-    import importlib
+    from bench import affinity, kv, load, overload, router, serve
 
-    return importlib.import_module(BENCHES[args.what]).main(args.extra)
+    modules = {"serve": serve, "load": load, "affinity": affinity, "overload": overload,
+               "router": router, "kv": kv}
+    return modules[args.what].main(args.extra)
 
 
 def cmd_deploy(args) -> int:

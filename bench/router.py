@@ -7,8 +7,8 @@ block-weighted prefix hit ratio of each policy, two reference bounds
 the work imbalance (max/mean of uncached prefill blocks + output tokens/512
 per replica) and Baton's decision latency.
 
-    python -m routing.bench_router                 # 8 replicas x 2000 blocks
-    python -m routing.bench_router --sweep --plot docs/img/router_sweep.png
+    python -m bench.router                 # 8 replicas x 2000 blocks
+    python -m bench.router --sweep --plot docs/img/router_sweep.png
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+from common.constants import REPO_ROOT, TRACE
+from common.stats import percentile
 from routing.baselines import GreedyCapped, LeastLoaded, RoundRobin, TextPrefixTree
 from routing.baton_router import BatonRouter
 from routing.contracts import Router
 from routing.simulator import PoolEvent, ServiceModel, SimResult, simulate, single_cache_hit_ratio
 from routing.trace import TraceRequest, conversation_session, load_trace
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = REPO_ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl"
 SWEEP_CAPACITIES = (500, 1000, 2000, 4000, 8000)
 POLICIES = ("baton", "round_robin", "least_loaded", "text_prefix_tree", "greedy_capped")
 
@@ -60,11 +60,6 @@ def make_router(policy: str, capacity: int, seed: int) -> Router:
     if policy == "greedy_capped":
         return GreedyCapped()
     raise ValueError(f"unknown policy {policy!r}")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
 def churn_events(trace: list[TraceRequest], replicas: int) -> list[PoolEvent]:
@@ -124,7 +119,7 @@ def run_capacity(
         "hit_ratio": {k: round(v, 4) for k, v in hit.items()},
         "pct_of_pooled": {k: round(100 * v / pooled, 1) if pooled else None for k, v in hit.items()},
         "imbalance": {k: round(v, 3) for k, v in imbalance.items()},
-        "baton_latency_us": {"p50": round(_percentile(lat, 0.50), 1), "p99": round(_percentile(lat, 0.99), 1)},
+        "baton_latency_us": {"p50": round(percentile(lat, 50) or 0.0, 1), "p99": round(percentile(lat, 99) or 0.0, 1)},
         "baton_reasons": dict(results["baton"].reasons),
         "baton_sessions_repins": sessions.repins,
     }
@@ -171,7 +166,7 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake trace (.jsonl)")
+    parser.add_argument("--trace", type=Path, default=TRACE, help="Mooncake trace (.jsonl)")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--replicas", type=int, default=8, help="simulated replicas in the pool")
     parser.add_argument("--capacity", type=int, default=2000, help="KV capacity per replica, trace blocks")

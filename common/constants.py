@@ -1,0 +1,31 @@
+"""Names and paths every layer agrees on, defined once.
+
+HTTP headers clients and the ingress exchange, the Serve application name,
+the pseudo-replica that stands for the Mooncake store in the prefix index,
+and the repository paths of the default model, the word corpus and the
+conversation trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"
+# Text the tiny model's tokenizer is trained on; benchmarks draw prompt words from it.
+CORPUS = Path(__file__).resolve().parent / "assets" / "corpus.txt"
+# The Mooncake FAST'25 conversation trace (Apache-2.0, see bench/traces/NOTICE).
+TRACE = REPO_ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl"
+# Tokens per hash id in that trace.
+TRACE_BLOCK_TOKENS = 512
+
+APP_NAME = "baton"  # the Serve application
+RAY_NAMESPACE = "baton"
+
+SESSION_HEADER = "x-session-affinity"  # multi-turn session id, echoed back
+DEADLINE_HEADER = "x-baton-deadline-s"  # queueing deadline of one request
+REQUEST_ID_HEADER = "x-baton-request-id"
+DEFAULT_TENANT = "default"  # tenant of every request when auth is off
+
+# Pseudo-replica in the prefix index for blocks held by the Mooncake store.
+STORE_REPLICA = "store"
