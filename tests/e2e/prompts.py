@@ -4,9 +4,9 @@ seen its prefix before the test sends it."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from common.constants import CORPUS as CORPUS_FILE
 
-CORPUS = (Path(__file__).resolve().parents[2] / "cluster" / "assets" / "corpus.txt").read_text().split()
+CORPUS = CORPUS_FILE.read_text().split()
 
 
 def make(tag: str, words: int) -> list[dict]:
