@@ -23,7 +23,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, TAG_RAY_NODE_
 
 from cluster.ray_up import local_node
 from cluster.ray_up.local_provider import LocalProcessProvider
-from bench.stack import REPO
+from common.constants import REPO_ROOT as REPO
 
 LOCAL_YAML = REPO / "cluster" / "ray_up" / "local.yaml"
 
