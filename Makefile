@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --progress-bar on -q -U pip
-	$(BIN)/pip install --progress-bar on -e '.[$(EXTRAS),test]'
+	$(BIN)/pip install --progress-bar on -e '.[$(EXTRAS),test,bench]'
 	@# torchvision & co. break `import transformers` next to the CPU torch; text models never need them.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@

@@ -11,7 +11,7 @@ import threading
 import redis
 
 from common.config import BatonConfig
-from routing.redis_state import P, Registry
+from routing.redis_state import Registry, registry_key
 
 
 class Heartbeat:
@@ -39,6 +39,6 @@ class Heartbeat:
         """Stops beating and removes the entry (a clean shutdown)."""
         self._stop.set()
         try:
-            self.client.hdel(f"{P}replicas:{self.pool}", self.replica)
+            self.client.hdel(registry_key(self.pool), self.replica)
         except redis.RedisError:
             pass

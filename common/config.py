@@ -62,6 +62,10 @@ class ModelConfig(_Strict):
         "float32", description="weights and KV dtype passed to vLLM"
     )
     block_size: int = Field(32, gt=0, description="KV block size in tokens, same on every engine")
+    tool_call_parser: str | None = Field(
+        "pythonic", description="vLLM tool-call parser for `tools` (e.g. pythonic, llama3_json, hermes); "
+        "null turns tool calling off",
+    )
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser().resolve() if self.path else DEFAULT_MODEL_DIR
@@ -154,6 +158,11 @@ class RedisConfig(_Strict):
 class ServeConfig(_Strict):
     host: str = Field("127.0.0.1", description="HTTP bind address of the endpoint")
     port: int = Field(8000, gt=0, lt=65536, description="HTTP port of the endpoint")
+    internal_host: str = Field(
+        "127.0.0.1", description="address engine replicas bind their internal server on (other "
+        "replicas forward to it); `auto`: the node's IP as Ray knows it, for clusters (firewall it, "
+        "docs/security.md)",
+    )
     request_timeout_s: float = Field(300, gt=0, description="hard deadline for one request")
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="API key -> tenant; empty disables auth"

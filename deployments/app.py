@@ -1,8 +1,12 @@
 """Builds the Serve application graph from the config.
 
-ingress -> prefill pool -> decode pool, each pool its own deployment with its
-own replica count and Ray resources, so on a cluster they land on the node
-types that advertise those resources.
+Each pool is its own deployment of `EngineReplica` with its own replica count
+and Ray resources, so on a cluster its replicas land on the node types that
+advertise those resources. There is no Serve HTTP proxy and no ingress
+deployment: decode replicas serve the public port themselves
+(deployments/front.py). The decode pool is the application's root; the
+prefill pool and the KV indexer are bound to it only so that Serve deploys
+them with it.
 """
 
 from __future__ import annotations
@@ -11,42 +15,35 @@ from pathlib import Path
 
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
 
-from actors.engine_server import EngineServer
 from common.config import BatonConfig, PoolConfig
-from deployments import replica_router
-from deployments.ingress import Ingress
 from deployments.kv_indexer import KVIndexer
+from deployments.replica import EngineReplica
 
 
 def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
     return {"MOONCAKE_CONFIG_PATH": str(mooncake_config)} if mooncake_config else {}
 
 
-def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None):
+def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, *bound):
     options = pool.resources.ray_actor_options()
     options["runtime_env"] = {"env_vars": _engine_env(mooncake_config)}
     name = "decode" if role == "colocated" else role
-    return serve.deployment(EngineServer).options(
+    return serve.deployment(EngineReplica).options(
         name=name,
-        request_router_config=RequestRouterConfig(request_router_class=replica_router.PATH),
         num_replicas=pool.replicas,
         ray_actor_options=options,
         max_ongoing_requests=pool.max_ongoing_requests,
         health_check_period_s=10,
         health_check_timeout_s=30,
         graceful_shutdown_timeout_s=5,
-    ).bind(cfg.model_dump(), role)
+    ).bind(cfg.model_dump(), role, *bound)
 
 
 def build_app(cfg: BatonConfig, mooncake_config: Path | None) -> Application:
     """The bound application; `mooncake_config` is the workers' JSON file."""
     if cfg.colocated:
-        prefill = None
-        decode = _pool(cfg, "colocated", cfg.decode, None)
-    else:
-        prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config)
-        decode = _pool(cfg, "decode", cfg.decode, mooncake_config)
-    indexer = None if cfg.colocated else KVIndexer.bind(cfg.model_dump())
-    return Ingress.bind(cfg.model_dump(), prefill, decode, indexer)
+        return _pool(cfg, "colocated", cfg.decode, None)
+    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config)
+    indexer = KVIndexer.bind(cfg.model_dump())
+    return _pool(cfg, "decode", cfg.decode, mooncake_config, prefill, indexer)

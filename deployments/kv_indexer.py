@@ -20,7 +20,7 @@ from ray import serve
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
 from routing.event_translator import EventTranslator
-from routing.redis_state import P, IndexWriter, Registry
+from routing.redis_state import IndexWriter, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
@@ -55,9 +55,9 @@ class EventLoop:
         """Forgets replicas whose heartbeat went stale: their blocks and entry."""
         now = time.time()
         for pool in ("prefill", "decode"):
-            for replica, info in Registry.entries(self.redis.hgetall(f"{P}replicas:{pool}")).items():
+            for replica, info in Registry.entries(self.redis.hgetall(registry_key(pool))).items():
                 if now - info["ts"] > self.timeout_s:
-                    self.redis.hdel(f"{P}replicas:{pool}", replica)
+                    self.redis.hdel(registry_key(pool), replica)
                     self.translator.cleared(replica)
                     self.writer.cleared(replica)
                     self.known.discard(replica)

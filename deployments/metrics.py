@@ -1,4 +1,4 @@
-"""Prometheus metrics of one ingress replica, served at GET /metrics.
+"""Prometheus metrics of one replica's front, served at GET /metrics.
 
 Latency histograms (TTFT, TPOT, end-to-end, queue time), admission (permits
 in use, shed requests per tenant), routing (decisions by reason, re-pins, the
@@ -45,6 +45,8 @@ class IngressMetrics:
         self.hit_blocks = Counter("baton_prefix_hit_blocks_total", "prompt blocks not recomputed", registry=r)
         self.prompt_blocks = Counter("baton_prompt_blocks_total", "full prompt blocks", registry=r)
         self.hit_ratio = Gauge("baton_prefix_hit_ratio", "block-weighted prefix hit ratio", registry=r)
+        self.pin_errors = Counter("baton_pin_write_errors_total", "session pins Redis did not take",
+                                  registry=r)
         self.kv_bytes = Counter("baton_kv_bytes_moved_total", "KV bytes loaded by decode from the store",
                                 registry=r)
         for pool in ("prefill", "decode"):
@@ -62,3 +64,30 @@ class IngressMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge(texts: list[bytes]) -> bytes:
+    """One exposition of several replicas' metrics: samples with the same
+    name and labels are summed; the hit ratio is recomputed from the sums."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, tuple[str, str, dict]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text.decode()):
+            _, _, samples = families.setdefault(fam.name, (fam.type, fam.documentation, {}))
+            for s in fam.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                samples[key] = samples.get(key, 0.0) + s.value
+    hits = families.get("baton_prefix_hit_blocks", (None, None, {}))[2]
+    blocks = families.get("baton_prompt_blocks", (None, None, {}))[2]
+    if "baton_prefix_hit_ratio" in families:
+        total = sum(blocks.values())
+        families["baton_prefix_hit_ratio"][2][("baton_prefix_hit_ratio", ())] = (
+            sum(hits.values()) / total if total else 0.0)
+    lines = []
+    for name, (kind, doc, samples) in families.items():
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+        for (sample, labels), value in samples.items():
+            lab = ",".join(f'{k}="{v}"' for k, v in labels)
+            lines.append(f"{sample}{{{lab}}} {value}" if lab else f"{sample} {value}")
+    return ("\n".join(lines) + "\n").encode()

@@ -1,15 +1,17 @@
-"""The ingress side of routing: one decision per request, on shared state.
+"""The front's side of routing: one decision per request, on shared state.
 
-For each request it hashes the prompt's full blocks with the tenant's salt,
-reads the index slice and the session's pins from Redis in one round trip
-each, asks the pure policy for a decode replica and, unless the decode
-replica can get all but a few tokens of the prompt from its own cache or the
-Mooncake store (then the request runs decode-only), for a prefill replica.
-Load per replica is what this ingress has in flight there.
+For each request it hashes the prompt's full blocks with the tenant's salt
+and reads, in one pipelined Redis round trip, the index slice of those
+blocks, both pools' registries and the session's pins. The pure policy then
+picks a decode replica and, unless the decode replica can get all but a few
+tokens of the prompt from its own cache or the Mooncake store (the request
+then runs decode-only), a prefill replica. Pin updates are written without
+waiting for them. Load per replica is what this front has in flight there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import time
@@ -23,7 +25,9 @@ from routing import redis_state
 from routing.block_hash import hash_blocks
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.policy import BatonPolicy
-from routing.snapshot import pins_view
+from routing.snapshot import IndexSnapshot, pins_view
+
+POOLS = ("decode", "prefill")
 
 
 @dataclass
@@ -33,11 +37,20 @@ class Route:
     decode_replica: str | None
     prefill_replica: str | None
     decode_only: bool
-    reason: str  # pinned | prefix | load | round_robin | no_replicas
+    reason: str  # pinned | prefix | load | round_robin | no_replicas | fallback
     predicted_cached_tokens: int  # on the replica that computes the prompt
     repinned: bool = False
     prompt_blocks: int = 0
     in_flight: set = field(default_factory=set)  # pools this request still occupies
+
+
+@dataclass
+class _State:
+    """What one decision reads from Redis."""
+
+    snap: IndexSnapshot
+    live: dict[str, dict[str, dict]]  # pool -> replica -> registry entry
+    pins: dict[str, str | None]  # pool -> pinned replica
 
 
 class RequestRouting:
@@ -45,60 +58,100 @@ class RequestRouting:
         self.cfg = cfg
         self.bs = cfg.model.block_size
         self.redis = redis_client
-        self.pins = redis_state.Pins(redis_client, cfg.routing.pin_ttl_s)
         self.registry = redis_state.Registry(redis_client, cfg.routing.replica_timeout_s)
         self.policy = BatonPolicy(rng=random.Random(cfg.routing.seed))
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         self.metrics = metrics
         self.live_decode_replicas = 0  # as of the last decision; admission sizes its permits by it
+        self.urls: dict[str, dict[str, str]] = {pool: {} for pool in POOLS}
+        self._pending: set[asyncio.Future] = set()
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
         return min(blocks * self.bs, (prompt_len - 1) // self.bs * self.bs)
 
-    async def _choose(self, pool: str, req: RoutingRequest, snap, now: float) -> RoutingDecision | None:
-        live = await self.registry.live(pool)
-        if pool == "decode":
-            self.live_decode_replicas = len(live)
+    async def _read(self, hashes: tuple[int, ...], session: str | None, now: float) -> _State:
+        """Everything one decision needs, in one pipelined round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        redis_state.queue_snapshot(pipe, hashes)
+        for pool in POOLS:
+            pipe.hgetall(redis_state.registry_key(pool))
+        if session:
+            for pool in POOLS:
+                pipe.get(redis_state.pin_key(pool, session))
+        res = await pipe.execute()
+        n = 2 * len(hashes)
+        live = {pool: self.registry.fresh(redis_state.Registry.entries(res[n + i]), now)
+                for i, pool in enumerate(POOLS)}
+        for pool in POOLS:
+            self.urls[pool].update({r: e["url"] for r, e in live[pool].items() if "url" in e})
+        pins = {pool: None for pool in POOLS}
+        if session:
+            for i, pool in enumerate(POOLS):
+                v = res[n + 2 + i]
+                pins[pool] = v.decode() if isinstance(v, bytes) else v
+        return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins)
+
+    def _choose(self, pool: str, req: RoutingRequest, state: _State, now: float) -> RoutingDecision | None:
+        live = state.live[pool]
         if not live:
             return None
         names = sorted(live)
         if self.cfg.routing.policy == "round_robin":
             choice = names[next(self._rr[pool]) % len(names)]
-            return RoutingDecision(choice, "load", snap.match(req.block_hashes).get(choice, 0))
+            return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         loads = {n: ReplicaLoad(running=self.inflight[pool][n],
                                 capacity=max(1, live[n].get("capacity_blocks", 1))) for n in names}
-        pinned = await self.pins.get(pool, req.session) if req.session else None
-        view = pins_view(self.cfg.routing.pin_ttl_s, req.session, pinned, now)
-        decision = self.policy.route(req, loads, snap, view, now)
-        if req.session:
-            await self.pins.set(pool, req.session, decision.replica)
-        return decision
+        view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
+        return self.policy.route(req, loads, state.snap, view, now)
+
+    def _write_pins(self, session: str | None, chosen: dict[str, str]) -> None:
+        """Pins (or re-pins) the session, without waiting for Redis."""
+        if not session or not chosen:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for pool, replica in chosen.items():
+            pipe.set(redis_state.pin_key(pool, session), replica, px=int(self.cfg.routing.pin_ttl_s * 1000))
+        task = asyncio.ensure_future(pipe.execute())
+        self._pending.add(task)
+        task.add_done_callback(self._pin_written)
+
+    def _pin_written(self, task: asyncio.Future) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.metrics.pin_errors.inc()
+
+    def url_of(self, pool: str, replica: str) -> str:
+        """The internal URL `replica` registered (as of the last decision)."""
+        return self.urls[pool][replica]
 
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:
         """Decides replicas for one request; refreshes or moves its session pins."""
         now = time.time()
         hashes = tuple(hash_blocks(prompt_ids, self.bs, tenant))
-        snap = await redis_state.snapshot(self.redis, hashes)
+        state = await self._read(hashes, session, now)
+        self.live_decode_replicas = len(state.live["decode"])
         req = RoutingRequest(hashes, session)
-        decode = await self._choose("decode", req, snap, now)
+        decode = self._choose("decode", req, state, now)
         if decode is None:
             return Route(None, None, False, "no_replicas", 0, prompt_blocks=len(hashes))
-        store_held = snap.match(hashes).get(STORE_REPLICA, 0)
+        chosen = {"decode": decode.replica}
+        store_held = state.snap.match(hashes).get(STORE_REPLICA, 0)
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
         route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes))
-        if len(prompt_ids) - reachable < self.cfg.routing.decode_only_max_uncached_tokens:
+        prefill = None
+        if len(prompt_ids) - reachable >= self.cfg.routing.decode_only_max_uncached_tokens:
+            prefill = self._choose("prefill", req, state, now)
+        if prefill is None:  # short uncached tail, or no prefill pool alive: decode computes it
             route.decode_only = True
-            return route
-        prefill = await self._choose("prefill", req, snap, now)
-        if prefill is None:  # no prefill pool alive: decode computes the prompt itself
-            route.decode_only = True
-            return route
-        self._count("prefill", prefill)
-        route.prefill_replica = prefill.replica
-        route.predicted_cached_tokens = self._cap(prefill.cached_blocks, len(prompt_ids))
+        else:
+            self._count("prefill", prefill)
+            chosen["prefill"] = prefill.replica
+            route.prefill_replica = prefill.replica
+            route.predicted_cached_tokens = self._cap(prefill.cached_blocks, len(prompt_ids))
+        self._write_pins(session, chosen)
         return route
 
     def _count(self, pool: str, d: RoutingDecision) -> None:

@@ -1,15 +1,19 @@
 """OpenAI request schemas and the error type every bad request becomes.
 
-Requests are validated strictly from JSON: a string where a number belongs,
-an unknown field, a negative max_tokens or an empty message list is a 400
-with an OpenAI-style body, never a 5xx.
+The front validates every body against these before vLLM sees it: a string
+where a number belongs, an unknown field or role, a negative max_tokens or an
+empty message list is a 400 with an OpenAI-style body, as in OpenAI's API
+(vLLM alone accepts unknown fields and roles). They cover what agents send:
+tools and tool_choice, tool-call and tool-result turns, response_format
+(json_object, json_schema), logprobs/top_logprobs, n and the penalties. The
+body itself then goes to vLLM unchanged but for Baton's fields.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class APIError(Exception):
@@ -36,22 +40,63 @@ class TextPart(_Request):
     text: str
 
 
+class ToolCallFunction(_Request):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Request):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+
+class FunctionDef(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Request):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _Sampling(_Request):
@@ -60,39 +105,48 @@ class _Sampling(_Request):
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int | None = None
-    stop: str | list[str] | None = Field(None)
+    stop: str | list[str] | None = Field(None, description="up to 4 stop sequences")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    n: int = Field(1, ge=1, le=16, description="choices per request")
     user: str | None = None
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
-    return_token_ids: bool = Field(False, description="Baton extension: add `token_ids` to choices")
+    logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = Field(False, description="vLLM extension: add `token_ids` to choices")
     ignore_eos: bool = Field(False, description="vLLM extension: generate exactly max_tokens")
 
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop
-        if len(stops) > 4:
-            raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
-        return [s for s in stops if s]
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four(cls, v):
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        return v
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-
-    def token_budget(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] = Field(min_length=1)
     max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
 
-    def token_budget(self) -> int | None:
-        return self.max_tokens
+
+def _is_field(part) -> bool:
+    """False for the union-member tags pydantic puts in an error's location."""
+    if isinstance(part, int):
+        return True
+    return not ("[" in part or "(" in part or part[:1].isupper() or part in ("str", "int", "float", "bool"))
 
 
 def parse(model: type[_Request], body: bytes) -> _Request:
@@ -105,7 +159,7 @@ def parse(model: type[_Request], body: bytes) -> _Request:
         err = exc.errors()[0]
         if err["type"] == "json_invalid":
             raise APIError(400, f"invalid JSON body: {err['msg']}") from None
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(str(p) for p in err["loc"] if _is_field(p))
         if err["type"] == "extra_forbidden":
             msg = f"Unrecognized request argument supplied: {loc}"
         elif err["type"] == "missing":
@@ -152,5 +206,25 @@ def openapi_operation(model: type[BaseModel]) -> dict:
                 ("400", "invalid request"), ("401", "bad API key"), ("404", "unknown model"),
                 ("429", "shed: retry after Retry-After seconds"), ("503", "engine unavailable"),
                 ("504", "timed out")]},
+        },
+    }
+
+
+def openapi_document() -> dict:
+    """The OpenAPI 3.1 document of the public endpoint (what the front accepts)."""
+    error = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    ok = {"description": "ok", "content": {"application/json": {"schema": {"type": "object"}}}}
+    starting = {"description": "starting: retry after Retry-After seconds", **error}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Baton", "version": "1",
+                 "description": "OpenAI-compatible, PD-disaggregated LLM serving"},
+        "paths": {
+            "/v1/chat/completions": {"post": openapi_operation(ChatCompletionRequest)},
+            "/v1/completions": {"post": openapi_operation(CompletionRequest)},
+            "/v1/models": {"get": {"responses": {"200": ok, "401": {"description": "bad API key", **error},
+                                                 "503": starting}}},
+            "/health": {"get": {"responses": {"200": ok, "503": {"description": "starting", "content": {
+                "application/json": {"schema": {"type": "object"}}}}}}},
         },
     }

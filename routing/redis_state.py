@@ -5,7 +5,7 @@ Keys (prefix `baton:`):
 - `idx:r:{replica}` set of blocks a replica holds (to clear it at once)
 - `idx:c:{hash}`   set of child blocks seen after a block (its fan-out)
 - `pin:{pool}:{session}` replica id, with the pin TTL
-- `replicas:{pool}` hash replica id -> JSON {events, capacity_blocks, ts}
+- `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 
 The KV indexer is the only writer of `idx:*`; ingress replicas read one
 request's slice with `snapshot()`.
@@ -61,19 +61,36 @@ class IndexWriter:
         self.r.delete(f"{P}idx:r:{replica}")
 
 
+def queue_snapshot(pipe, block_hashes: Sequence[int]) -> None:
+    """Adds the reads of `snapshot_from` to a pipeline (2 commands per block)."""
+    for h in block_hashes:
+        pipe.smembers(_h(h))
+    for h in block_hashes:
+        pipe.scard(f"{P}idx:c:{h}")
+
+
+def snapshot_from(block_hashes: Sequence[int], results: Sequence) -> IndexSnapshot:
+    """The IndexSnapshot from the results of `queue_snapshot`."""
+    n = len(block_hashes)
+    holders = [{m.decode() if isinstance(m, bytes) else m for m in s} for s in results[:n]]
+    return IndexSnapshot(block_hashes, holders, results[n:2 * n])
+
+
 async def snapshot(client, block_hashes: Sequence[int]) -> IndexSnapshot:
     """The index's holders and fan-out of `block_hashes`, in one round trip."""
     if not block_hashes:
         return IndexSnapshot([], [], [])
     pipe = client.pipeline(transaction=False)
-    for h in block_hashes:
-        pipe.smembers(_h(h))
-    for h in block_hashes:
-        pipe.scard(f"{P}idx:c:{h}")
-    res = await pipe.execute()
-    n = len(block_hashes)
-    holders = [{m.decode() if isinstance(m, bytes) else m for m in s} for s in res[:n]]
-    return IndexSnapshot(block_hashes, holders, res[n:])
+    queue_snapshot(pipe, block_hashes)
+    return snapshot_from(block_hashes, await pipe.execute())
+
+
+def pin_key(pool: str, session: str) -> str:
+    return f"{P}pin:{pool}:{session}"
+
+
+def registry_key(pool: str) -> str:
+    return f"{P}replicas:{pool}"
 
 
 class Pins:
@@ -83,12 +100,12 @@ class Pins:
         self.r, self.ttl_s = client, ttl_s
 
     async def get(self, pool: str, session: str) -> str | None:
-        v = await self.r.get(f"{P}pin:{pool}:{session}")
+        v = await self.r.get(pin_key(pool, session))
         return v.decode() if isinstance(v, bytes) else v
 
     async def set(self, pool: str, session: str, replica: str) -> None:
         """Pins (or re-pins) `session` to `replica` and restarts its TTL."""
-        await self.r.set(f"{P}pin:{pool}:{session}", replica, px=int(self.ttl_s * 1000))
+        await self.r.set(pin_key(pool, session), replica, px=int(self.ttl_s * 1000))
 
 
 class Registry:
@@ -100,7 +117,7 @@ class Registry:
     @staticmethod
     def beat(sync_client, pool: str, replica: str, info: dict) -> None:
         """Writes `replica`'s entry with the current time (sync, from engine replicas)."""
-        sync_client.hset(f"{P}replicas:{pool}", replica, json.dumps({**info, "ts": time.time()}))
+        sync_client.hset(registry_key(pool), replica, json.dumps({**info, "ts": time.time()}))
 
     @staticmethod
     def entries(raw: dict) -> dict[str, dict]:
@@ -112,4 +129,4 @@ class Registry:
 
     async def live(self, pool: str) -> dict[str, dict]:
         """Replicas of `pool` whose last heartbeat is recent enough."""
-        return self.fresh(self.entries(await self.r.hgetall(f"{P}replicas:{pool}")), time.time())
+        return self.fresh(self.entries(await self.r.hgetall(registry_key(pool))), time.time())

@@ -1,5 +1,11 @@
 """Runs last (file order): kills a decode replica; the session moves and the
-pin follows. Serve replaces the replica afterwards."""
+pin follows. Serve replaces the replica afterwards.
+
+Each decode replica serves the public port in its own process, as `vllm
+serve` does, so a client whose connection the killed replica had accepted
+sees that connection close (never a hang). Every other request ends cleanly:
+completed, a clean error body, or a stream ended by an error event.
+"""
 
 from __future__ import annotations
 
@@ -52,12 +58,15 @@ def test_requests_in_flight_survive_a_decode_replica_dying(stack):
         body = {"model": "baton-tiny", "stream": True, "max_tokens": 150, "ignore_eos": True,
                 "messages": [{"role": "user", "content": f"in flight {i} " + "word " * 40}]}
         events = []
-        async with client.stream("POST", f"{stack.url}/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return r.status_code, await r.aread()
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
+        try:
+            async with client.stream("POST", f"{stack.url}/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    return r.status_code, await r.aread()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            return "closed", events  # its front was the replica that died
         return 200, events
 
     async def main():
@@ -68,6 +77,8 @@ def test_requests_in_flight_survive_a_decode_replica_dying(stack):
             return await asyncio.wait_for(asyncio.gather(*tasks), 180)  # nothing hangs
 
     for status, payload in asyncio.run(main()):
+        if status == "closed":
+            continue
         if status != 200:  # failed before streaming: a clean error body, never a hang
             assert status in (429, 503, 504) and b"error" in payload
             continue
@@ -76,3 +87,4 @@ def test_requests_in_flight_survive_a_decode_replica_dying(stack):
         # Either it completed, or it ended with an OpenAI-style error event.
         assert "error" in last or last["choices"] == [] or last["choices"][0]["finish_reason"]
     _wait_pool(stack, 2)  # and the pool recovers
+    assert chat(stack, prompts.make("after death", 30)).status_code == 200

@@ -147,7 +147,7 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         chat = self.path.endswith("chat/completions")
-        n = body["max_tokens"]
+        n = body.get("max_tokens") or body["max_completion_tokens"]
         if chat:
             self._send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         time.sleep(0.02 if n != 999 else 3)
@@ -228,13 +228,22 @@ def test_errors_timeouts_and_the_deadline_become_results(fake_server):
     assert (summary["completed"], summary["errors"]) == (1, 3)
 
 
-def test_bench_serve_measures_through_the_driver_after_an_uncounted_warm_up(fake_server):
+def test_bench_serve_drives_vllms_benchmark_and_reports_ratios(fake_server):
+    from bench import vllm_load
+    from common.config import load_config
+
     url, seen = fake_server
-    out = asyncio.run(bench_serve.run_load(url, "baton-tiny", bench_serve.workload(4, 10), 2, 5, "fake"))
-    assert set(out) == {"requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s"}
-    assert out["requests_per_s"] > 0 and 0.02 <= out["ttft_p50_s"] <= out["ttft_p99_s"] and out["tpot_p50_s"] > 0
-    assert [b["max_tokens"] for _, _, b, _ in seen] == [2, 5, 5, 5, 5]
-    assert all(p == "/v1/chat/completions" and b["ignore_eos"] for p, _, b, _ in seen)
+    cfg = load_config(None, environ={})
+    out = vllm_load.run(url, "baton-tiny", str(cfg.model.resolved_path()), vllm_load.Workload(6, 2, 20, 5))
+    assert out["completed"] == 6 and out["failed"] == 0 and out["request_throughput"] > 0
+    bodies = [b for p, _, b, _ in seen if p == "/v1/chat/completions"]
+    assert len(bodies) == 6 + 2  # two uncounted warm-ups
+    assert all(b["ignore_eos"] and b["stream"] and b["max_completion_tokens"] == 5 for b in bodies)
+    results = {"vllm_serve": {"c8": {"request_throughput": 20.0, "median_ttft_ms": 50.0, "median_tpot_ms": 4.0}},
+               "baton": {"c8": {"request_throughput": 19.0, "median_ttft_ms": 55.0, "median_tpot_ms": 4.0}}}
+    assert bench_serve.ratios(results, "vllm_serve") == {
+        "baton": {"c8": {"request_throughput": 0.95, "median_ttft_ms": 1.1, "median_tpot_ms": 1.0}}}
+    assert bench_serve.ratios(results, "absent") == {}
 
 
 def test_run_works_inside_a_running_event_loop(fake_server):

@@ -19,8 +19,23 @@ def test_valid_chat_request_with_text_parts():
     req = parse(ChatCompletionRequest, json.dumps({"model": "m", "messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
         "max_tokens": 3, "temperature": 0, "stop": "x"}).encode())
-    assert req.messages[0].text() == "ab"
-    assert req.token_budget() == 3 and req.stop_list() == ["x"] and req.temperature == 0.0
+    assert [p.text for p in req.messages[0].content] == ["a", "b"]
+    assert req.max_tokens == 3 and req.stop == "x" and req.temperature == 0.0
+
+
+def test_agent_requests_parse():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    req = parse(ChatCompletionRequest, json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+        "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}},
+        "logprobs": True, "top_logprobs": 2, "n": 2, "presence_penalty": 1.5}).encode())
+    assert req.tools[0].function.name == "get_weather" and req.n == 2
+    assert req.response_format.json_schema.schema_ == {"type": "object"}
 
 
 @pytest.mark.parametrize("raw, param", [
@@ -29,7 +44,12 @@ def test_valid_chat_request_with_text_parts():
     (body(max_tokens="5"), "max_tokens"),
     (body(temperature="hot"), "temperature"),
     (body(top_p=0), "top_p"),
-    (body(n=2), "n"),
+    (body(n=0), "n"),
+    (body(top_logprobs=21), "top_logprobs"),
+    (body(tools=[{"type": "retrieval"}]), "tools.0.type"),
+    (body(tool_choice="sometimes"), "tool_choice"),
+    (body(response_format={"type": "yaml"}), "response_format.type"),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages.0.role"),
     (body(foo=1), "foo"),
     (json.dumps({"model": "m"}).encode(), "messages"),
     (json.dumps({"model": "m", "messages": "hi"}).encode(), "messages"),
@@ -43,11 +63,14 @@ def test_bad_chat_bodies(raw, param):
 
 
 def test_too_many_stops():
-    req = parse(ChatCompletionRequest, body(stop=["a", "b", "c", "d", "e"]))
-    with pytest.raises(APIError):
-        req.stop_list()
+    with pytest.raises(APIError) as exc:
+        parse(ChatCompletionRequest, body(stop=["a", "b", "c", "d", "e"]))
+    assert exc.value.param == "stop"
 
 
 def test_completion_prompt_forms():
     assert parse(CompletionRequest, b'{"model": "m", "prompt": [1, 2]}').prompt == [1, 2]
     assert parse(CompletionRequest, b'{"model": "m", "prompt": "x"}').max_tokens == 16
+    for bad in (b'{"model": "m", "prompt": [1, -3]}', b'{"model": "m", "prompt": []}'):
+        with pytest.raises(APIError):
+            parse(CompletionRequest, bad)

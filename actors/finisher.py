@@ -1,0 +1,175 @@
+"""ASGI middleware around vLLM's OpenAI app: what Baton adds to its answers.
+
+On the completion routes it
+- adds the `baton` object (common.response.BatonInfo) to a JSON answer and to
+  every stream chunk that carries `usage`, with what the routing front sent
+  in the `x-baton-info` header plus this replica's id and its engine's hit;
+- reports `usage.prompt_tokens_details.cached_tokens` as Baton counts it
+  (the prefill engine's hit when a prefill ran);
+- turns vLLM's error bodies into OpenAI's (`type` invalid_request_error and a
+  string `code` such as context_length_exceeded or model_not_found).
+
+Stream chunks without `usage` pass through as bytes: only a chunk that
+contains the bytes `"usage":{` is parsed. The request's `decode` span (and
+`kv_load`, up to the first answer bytes) continues the front's trace.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+from common import tracing
+from common.constants import REQUEST_ID_HEADER
+from common.response import BatonInfo
+
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+INFO_HEADER = b"x-baton-info"
+_USAGE = b'"usage":{'
+_INFO_FIELDS = {f.name for f in fields(BatonInfo)}
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    return next((v.decode("latin-1") for k, v in headers if k == name), "")
+
+
+def read_info(headers: list[tuple[bytes, bytes]]) -> BatonInfo:
+    """The BatonInfo the front sent in `x-baton-info` (empty if none or bad)."""
+    for k, v in headers:
+        if k == INFO_HEADER:
+            try:
+                data = json.loads(v)
+                return BatonInfo(**{k2: v2 for k2, v2 in data.items() if k2 in _INFO_FIELDS})
+            except (ValueError, TypeError):
+                break
+    return BatonInfo()
+
+
+def openai_error(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    """An OpenAI-style error body."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
+        kind = "rate_limit_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def normalize_error(status: int, body: dict) -> dict:
+    """vLLM's {"error": {"type": "BadRequestError", "code": 400, ...}} as OpenAI's."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return openai_error(status, str(body)[:500])
+    message = str(err.get("message", ""))
+    code = err.get("code") if isinstance(err.get("code"), str) else None
+    if code is None and "maximum context length" in message:
+        code = "context_length_exceeded"
+    if code is None and status == 404 and "model" in message.lower():
+        code = "model_not_found"
+    return openai_error(status, message, code, err.get("param"))
+
+
+def finish_usage(obj: dict, info: BatonInfo) -> None:
+    """Sets cached_tokens as Baton counts them and adds `baton`; changes `obj` and `info`."""
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return
+    details = usage.get("prompt_tokens_details") or {}
+    info.decode_cached_tokens = int(details.get("cached_tokens") or 0)
+    usage["prompt_tokens_details"] = {**details, "cached_tokens": info.cached_tokens()}
+    obj["baton"] = info.body()
+
+
+def _finish_sse(chunk: bytes, info: BatonInfo) -> bytes:
+    out = []
+    for event in chunk.split(b"\n\n"):
+        if _USAGE in event and event.startswith(b"data: {"):
+            obj = json.loads(event[6:])
+            finish_usage(obj, info)
+            event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+        out.append(event)
+    return b"\n\n".join(out)
+
+
+class Finisher:
+    """Wraps vLLM's ASGI app; see the module docstring for what it changes."""
+
+    def __init__(self, app, replica: str):
+        self.app, self.replica = app, replica
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] not in COMPLETION_PATHS:
+            return await self.app(scope, receive, send)
+        headers = scope["headers"]
+        info = read_info(headers)
+        info.decode_replica = self.replica
+        tracer = tracing.tracer()
+        span = tracer.start_span("decode", context=tracing.extract({"traceparent": _header(headers, b"traceparent")}))
+        kv = tracer.start_span("kv_load", context=tracing.context_of(span))
+        for s in (span, kv):
+            s.set_attribute("baton.request_id", _header(headers, REQUEST_ID_HEADER.encode()))
+            s.set_attribute("baton.replica", self.replica)
+        finishing = _FinishingSend(send, info, kv)
+        try:
+            await self.app(scope, receive, finishing)
+        finally:
+            finishing.end_kv()
+            span.set_attribute("baton.cached_tokens", info.decode_cached_tokens)
+            span.end()
+
+
+class _FinishingSend:
+    """The `send` handed to vLLM's app: rewrites what Finisher changes."""
+
+    def __init__(self, send, info: BatonInfo, kv_span):
+        self.send, self.info, self.kv_span = send, info, kv_span
+        self.start: dict | None = None
+        self.mode = "pass"  # pass | sse | json
+        self.buffer: list[bytes] = []
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            ctype = next((v for k, v in headers if k == b"content-type"), b"")
+            self.mode = "sse" if ctype.startswith(b"text/event-stream") else (
+                "json" if ctype.startswith(b"application/json") else "pass")
+            self.start = {**message, "headers": headers}
+            if self.mode != "json":
+                await self.send(self.start)
+            return
+        if message["type"] != "http.response.body":
+            return await self.send(message)
+        body = message.get("body", b"")
+        if body:
+            self.end_kv()
+        if self.mode == "sse":
+            if _USAGE in body:
+                message = {**message, "body": _finish_sse(body, self.info)}
+            return await self.send(message)
+        if self.mode == "pass":
+            return await self.send(message)
+        self.buffer.append(body)
+        if message.get("more_body"):
+            return
+        await self._send_json(b"".join(self.buffer))
+
+    def end_kv(self) -> None:
+        """Ends the kv_load span (KV loaded, prompt tail computed) once."""
+        if self.kv_span is not None:
+            self.kv_span.end()
+            self.kv_span = None
+
+    async def _send_json(self, raw: bytes) -> None:
+        status = self.start["status"]
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            obj = None
+        if obj is not None:
+            if status >= 400:
+                obj = normalize_error(status, obj)
+            else:
+                finish_usage(obj, self.info)
+            raw = json.dumps(obj, separators=(",", ":")).encode()
+        headers = [(k, v) for k, v in self.start["headers"] if k != b"content-length"]
+        headers.append((b"content-length", str(len(raw)).encode()))
+        await self.send({**self.start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": raw, "more_body": False})

@@ -1,0 +1,162 @@
+"""vLLM's own OpenAI server, in-process, around one engine replica's AsyncLLM.
+
+The engine replica serves requests with vLLM's OpenAI layer: the same chat
+template, tool-call parser, structured output, logprobs, `n`, penalties and
+SSE rendering as `vllm serve`, built by vLLM's `build_app` and
+`init_app_state` on top of the replica's AsyncLLM. Baton adds the calls it
+needs around that app:
+
+- `prompt_ids` renders a request the way the app will (chat template,
+  tools), so the router can hash its blocks; the ids then travel with the
+  request in `kv_transfer_params.prompt_token_ids`, which vLLM's renderer
+  takes instead of templating and tokenising again.
+- `prefill` runs a request's prompt with max_tokens=1 so its KV lands in
+  Mooncake, and returns once the connector has saved it.
+
+Everything here runs on the event loop that built the engine; AsyncLLM is
+bound to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from actors import engine_args
+from common.config import BatonConfig
+
+SAVE_DRAIN_TIMEOUT_S = 10.0
+
+
+@dataclass
+class PrefillResult:
+    """What a prefill did: prompt length and the tokens it found cached."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    seconds: float
+
+
+def frontend_args(cfg: BatonConfig):
+    """vLLM's FrontendArgs for the in-process server (no vLLM CLI parsing)."""
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+    parser = cfg.model.tool_call_parser
+    return FrontendArgs(
+        enable_auto_tool_choice=parser is not None,
+        tool_call_parser=parser,
+        enable_prompt_tokens_details=True,  # cached_tokens is always reported
+        disable_uvicorn_access_log=True,
+        disable_fastapi_docs=False,
+    )
+
+
+class EngineApp:
+    """One AsyncLLM and vLLM's OpenAI app over it; built by `start`."""
+
+    def __init__(self, cfg: BatonConfig, role: engine_args.Role, replica: str):
+        self.cfg, self.role, self.replica = cfg, role, replica
+        self.engine = None
+        self.app = None
+        self.state = None
+
+    async def start(self) -> None:
+        """Starts the engine (a minute on CPU) and builds the app's state."""
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        topic = self.replica if self.role != "colocated" else None
+        eargs = engine_args.build(self.cfg, self.role, topic=topic)
+        if self.role != "colocated":
+            eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
+        self.engine = AsyncLLM.from_engine_args(eargs)
+        args = argparse.Namespace(**(vars(frontend_args(self.cfg)) | vars(eargs)))
+        args.served_model_name = [self.cfg.model.served_name]  # the CLI's list form
+        tasks = await self.engine.get_supported_tasks()
+        self.app = build_app(args, tasks, self.engine.model_config)
+        await init_app_state(self.engine, self.app.state, args, tasks)
+        self.state = self.app.state
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.engine.vllm_config.cache_config.num_gpu_blocks or 0
+
+    async def _engine_input(self, kind: str, body: dict):
+        """The engine input vLLM's serving layer would build for `body`.
+
+        Raises ValueError with vLLM's message when the request is invalid.
+        """
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            return await self._render(kind, body)
+        except VLLMClientError as exc:
+            raise ValueError(str(exc)) from None
+
+    async def _render(self, kind: str, body: dict):
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        if kind == "chat":
+            result = await self.state.openai_serving_chat.render_chat_request(
+                ChatCompletionRequest.model_validate(body))
+            inputs = result if isinstance(result, ErrorResponse) else result[1]
+        else:
+            inputs = await self.state.openai_serving_completion.render_completion_request(
+                CompletionRequest.model_validate(body))
+        if isinstance(inputs, ErrorResponse):
+            raise ValueError(inputs.error.message)
+        if len(inputs) != 1:
+            raise ValueError("batched prompts are not supported; send one prompt")
+        return inputs[0]
+
+    async def prompt_ids(self, kind: str, body: dict) -> list[int]:
+        """The prompt's token ids, rendered exactly as the app renders `body`."""
+        return list((await self._engine_input(kind, body))["prompt_token_ids"])
+
+    async def prefill(self, prompt_ids: list[int], cache_salt: str | None) -> PrefillResult:
+        """Computes the prompt's KV, waits until it is saved to Mooncake.
+
+        Adds the prompt's full blocks to this engine's prefix cache and to the
+        store; the one sampled token is discarded.
+        """
+        from vllm import SamplingParams
+
+        started = time.monotonic()
+        prompt: dict = {"prompt_token_ids": prompt_ids}
+        if cache_salt:
+            prompt["cache_salt"] = cache_salt
+        request_id = f"prefill-{uuid.uuid4().hex}"
+        cached = 0
+        async for out in self.engine.generate(prompt, SamplingParams(max_tokens=1), request_id):
+            cached = out.num_cached_tokens or cached
+        await self._drain_saves(request_id)
+        return PrefillResult(len(prompt_ids), cached, time.monotonic() - started)
+
+    async def _drain_saves(self, request_id: str) -> None:
+        """Waits until the connector has no queued store job of `request_id`.
+
+        MooncakeStoreConnector saves on a background thread after the request
+        finished; the first check usually finds nothing left. Gives up after
+        SAVE_DRAIN_TIMEOUT_S (decode then recomputes what is missing).
+        """
+        deadline = time.monotonic() + SAVE_DRAIN_TIMEOUT_S
+        delay = 0.001
+        while time.monotonic() < deadline:
+            pending = await self.engine.collective_rpc("pending_kv_saves", args=(request_id,))
+            if not any(pending):
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def errored(self) -> bool:
+        return self.engine is None or bool(self.engine.errored)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()

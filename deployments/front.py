@@ -1,0 +1,310 @@
+"""The public HTTP front of a decode (or colocated) engine replica.
+
+Every decode replica listens on the public port (SO_REUSEPORT, so the kernel
+spreads connections over the replicas of a node) and runs this front before
+its own vLLM OpenAI app. For a completion request it
+1. checks the API key (tenant), the body against Baton's strict schema
+   (unknown fields and roles are 400s, as in OpenAI's API) and the model;
+2. takes an engine permit from the tenant's fair queue, or answers 429;
+3. routes: colocated runs here; disaggregated renders the prompt once
+   (vLLM's template), asks the routing policy for a decode and a prefill
+   replica, has the prefill replica compute the KV into Mooncake;
+4. runs decode in this process when the policy chose this replica, else
+   forwards the bytes to the chosen replica's internal server; a replica
+   that cannot be reached before it answers costs a retry here.
+The tenant becomes vLLM's `cache_salt`; the rendered prompt ids travel in
+`kv_transfer_params.prompt_token_ids`, so no process tokenises twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import aiohttp
+import redis
+
+from actors.finisher import COMPLETION_PATHS, INFO_HEADER
+from common import tracing
+from common.config import BatonConfig
+from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REQUEST_ID_HEADER, SESSION_HEADER
+from common.response import BatonInfo
+from deployments import relay, schemas
+from deployments.admission import AsyncAdmission, Shed
+from deployments.metrics import IngressMetrics, merge
+from deployments.request_routing import RequestRouting, Route
+from deployments.schemas import APIError
+
+MAX_BODY_BYTES = 16 * 2**20
+
+
+async def _read_body(receive) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionError("client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def respond(send, status: int, body: dict | bytes, headers: dict | None = None,
+                  content_type: bytes = b"application/json") -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    hdrs = [(b"content-type", content_type), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class Front:
+    """ASGI app: the public endpoint of one replica (see the module docstring)."""
+
+    def __init__(self, cfg: BatonConfig, replica: str, engine, local_app, routing: RequestRouting | None,
+                 gate: AsyncAdmission, metrics: IngressMetrics, session, readiness, peers):
+        self.cfg, self.replica, self.engine, self.local = cfg, replica, engine, local_app
+        self.routing, self.gate, self.metrics, self.http = routing, gate, metrics, session
+        self.readiness = readiness  # async () -> (ready, why)
+        self.peers = peers  # async () -> live decode replicas' registry entries
+        self.model = cfg.model.served_name
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            if path in COMPLETION_PATHS and method == "POST":
+                return await self._completion(scope, receive, send)
+            if path == "/health":
+                ready, why = await self.readiness()
+                return await respond(send, 200 if ready else 503, {"status": "ok" if ready else why},
+                                     None if ready else {"Retry-After": 5})
+            if path == "/metrics":
+                return await respond(send, 200, await self.metrics_text(), content_type=b"text/plain")
+            if path == "/openapi.json":
+                return await respond(send, 200, schemas.openapi_document())
+            self._tenant(scope)
+            if path == "/v1/models":
+                ready, why = await self.readiness()
+                if not ready:
+                    raise APIError(503, f"Baton is starting: {why}", "server_error",
+                                   code="starting", headers={"Retry-After": "5"})
+            if path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/version"):
+                return await self.local(scope, receive, send)
+            raise APIError(404, f"no route {method} {path}", code="not_found")
+        except APIError as exc:
+            await respond(send, exc.status, exc.body(), exc.headers)
+        except ConnectionError:
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug here must still answer in OpenAI's shape
+            err = APIError(500, f"internal error: {type(exc).__name__}", "server_error")
+            try:
+                await respond(send, 500, err.body())
+            except Exception:  # noqa: BLE001 - the response had already started
+                pass
+
+    async def metrics_text(self) -> bytes:
+        """This replica's metrics summed with every other live decode replica's."""
+        texts = [self.metrics.render()]
+        for replica, entry in (await self.peers()).items():
+            if replica == self.replica or "url" not in entry:
+                continue
+            try:
+                async with self.http.get(f"{entry['url']}/baton/metrics",
+                                         timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        texts.append(await resp.read())
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                continue  # a replica going away: its counts leave with it
+        return merge(texts)
+
+    # -- request preparation -------------------------------------------------
+
+    def _tenant(self, scope) -> str:
+        keys = self.cfg.serve.api_keys
+        if not keys:
+            return DEFAULT_TENANT
+        auth = _header(scope, b"authorization")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token and self.cfg.serve.anonymous_tenant:
+            return self.cfg.serve.anonymous_tenant
+        if token not in keys:
+            raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+        return keys[token]
+
+    def _parse(self, kind: str, raw: bytes) -> dict:
+        """The validated body as a dict; APIError(4xx) when it is not acceptable."""
+        schema = schemas.ChatCompletionRequest if kind == "chat" else schemas.CompletionRequest
+        req = schemas.parse(schema, raw)
+        if req.model != self.model:
+            raise APIError(404, f"The model '{req.model}' does not exist", param="model",
+                           code="model_not_found")
+        return json.loads(raw)
+
+    @staticmethod
+    def _deadline(scope) -> float | None:
+        raw = _header(scope, DEADLINE_HEADER.encode())
+        if not raw:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise APIError(400, f"{DEADLINE_HEADER} must be a number of seconds", param=DEADLINE_HEADER) from None
+        if not 0 < value <= 3600:
+            raise APIError(400, f"{DEADLINE_HEADER} must be in (0, 3600]", param=DEADLINE_HEADER)
+        return value
+
+    # -- the request path -----------------------------------------------------
+
+    async def _completion(self, scope, receive, send) -> None:
+        kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
+        tenant = self._tenant(scope)
+        body = self._parse(kind, await _read_body(receive))
+        deadline_s = self._deadline(scope)
+        body["cache_salt"] = tenant
+        session = _header(scope, SESSION_HEADER.encode()) or None
+        body["request_id"] = uuid.uuid4().hex
+        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{body['request_id']}"
+        extra = [(REQUEST_ID_HEADER.encode(), request_id.encode())]
+        if session:
+            extra.append((SESSION_HEADER.encode(), session.encode()))
+        with tracing.tracer().start_as_current_span("ingress") as span:
+            span.set_attribute("baton.request_id", request_id)
+            permit = await self._admit(tenant, deadline_s)
+            info, route = BatonInfo(), None
+            try:
+                route = await self._route(kind, body, tenant, session, info, request_id)
+            except BaseException:
+                self._release(permit, tenant)
+                raise
+            span.set_attribute("baton.route", info.route or "")
+            done = self._on_done(permit, tenant, route)
+            await self._dispatch(scope, receive, send, body, info, route, extra, done)
+
+    async def _route(self, kind: str, body: dict, tenant: str, session: str | None,
+                     info: BatonInfo, request_id: str) -> Route | None:
+        if self.routing is None:  # colocated: this replica serves it
+            info.route, info.decode_only = "colocated", True
+            return None
+        try:
+            ids = await self.engine.prompt_ids(kind, body)
+        except ValueError as exc:
+            raise APIError(400, str(exc), code=_code_of(str(exc))) from None
+        # vLLM's chat renderer takes these ids instead of templating again;
+        # a completion prompt simply becomes the ids.
+        if kind == "chat":
+            body["kv_transfer_params"] = {"prompt_token_ids": ids}
+        else:
+            body["prompt"] = ids
+        try:
+            route = await self.routing.route(ids, tenant, session)
+        except redis.RedisError:
+            route = Route(None, None, True, "fallback", 0)
+        info.route, info.decode_only = route.reason, route.decode_only
+        info.predicted_cached_tokens = route.predicted_cached_tokens
+        self.routing.started(route)
+        if not route.decode_only and route.prefill_replica:
+            await self._prefill(route, ids, tenant, info, request_id)
+        return route
+
+    async def _prefill(self, route: Route, ids: list[int], tenant: str, info: BatonInfo,
+                       request_id: str) -> None:
+        """Runs the prompt on the prefill replica; on failure decode computes it."""
+        url = self.routing.url_of("prefill", route.prefill_replica)
+        try:
+            res = await relay.post_json(self.http, f"{url}/baton/prefill",
+                                        {"prompt_token_ids": ids, "cache_salt": tenant,
+                                         "request_id": request_id, "trace": tracing.inject()},
+                                        self.cfg.serve.request_timeout_s)
+            info.prefill_cached_tokens = int(res["cached_tokens"])
+            info.prefill_replica = route.prefill_replica
+        except Exception as exc:  # noqa: BLE001 - decode recomputes the prompt
+            info.retried_after = f"prefill {type(exc).__name__}"
+            info.decode_only = True
+        finally:
+            self.routing.prefill_done(route)
+
+    async def _dispatch(self, scope, receive, send, body: dict, info: BatonInfo, route: Route | None,
+                        extra: list, done) -> None:
+        raw = json.dumps(body).encode()
+        target = route.decode_replica if route is not None else None
+        trace = tracing.inject()
+        request_id = extra[0][1]
+        if target and target != self.replica:
+            url = self.routing.url_of("decode", target)
+            headers = {"content-type": "application/json", INFO_HEADER.decode(): json.dumps(info.body()),
+                       REQUEST_ID_HEADER: request_id.decode(), **trace}
+            for k, v in scope["headers"]:
+                if k in (SESSION_HEADER.encode(), b"authorization"):
+                    headers[k.decode()] = v.decode()
+            try:
+                await relay.run_remote(self.http, f"{url}{scope['path']}", raw, headers, send, extra,
+                                       done, self.cfg.serve.request_timeout_s)
+                return
+            except relay.UpstreamUnavailable as exc:
+                info.retried_after = str(exc).split(":")[0]
+        inner = dict(scope)
+        inner["headers"] = [(k, v) for k, v in scope["headers"]
+                            if k not in (b"content-length", b"content-type", b"x-request-id", INFO_HEADER)]
+        inner["headers"] += [(b"content-length", str(len(raw)).encode()),
+                             (b"content-type", b"application/json"),
+                             (INFO_HEADER, json.dumps(info.body()).encode()),
+                             (REQUEST_ID_HEADER.encode(), request_id)]
+        inner["headers"] += [(k.encode(), v.encode()) for k, v in trace.items()]
+        await relay.run_local(self.local, inner, raw, receive, send, extra, done)
+
+    # -- admission and accounting ----------------------------------------------------
+
+    async def _admit(self, tenant: str, deadline_s: float | None):
+        waited = time.monotonic()
+        try:
+            permit = await self.gate.acquire(tenant, None, deadline_s)
+        except Shed as exc:
+            self.metrics.shed.labels(tenant, exc.reason).inc()
+            raise APIError(429, f"Baton is at capacity ({exc.reason}); retry after "
+                                f"{exc.retry_after_s} s", "rate_limit_error", code=exc.reason,
+                           headers=exc.headers) from None
+        self.metrics.queue.observe(time.monotonic() - waited)
+        self.metrics.permits.labels(tenant).inc()
+        return permit
+
+    def _release(self, permit, tenant: str) -> None:
+        if not permit.released:
+            permit.release()
+            self.metrics.permits.labels(tenant).dec()
+
+    def _on_done(self, permit, tenant: str, route: Route | None):
+        """The callback that ends a request: permit, in-flight counts, latency."""
+        def done(timing: relay.Timing | None) -> None:
+            self._release(permit, tenant)
+            if route is not None:
+                self.routing.prefill_done(route)
+                self.routing.finished(route)
+            if timing is None or timing.status != 200:
+                return
+            m = self.metrics
+            m.e2e.observe(timing.ended - timing.started)
+            if timing.first_body is not None:
+                m.ttft.observe(timing.first_body - timing.started)
+                if timing.events > 3:
+                    m.tpot.observe((timing.ended - timing.first_body) / (timing.events - 3))
+        return done
+
+
+def _header(scope, name: bytes) -> str:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v.decode("latin-1")
+    return ""
+
+
+def _code_of(message: str) -> str | None:
+    return "context_length_exceeded" if "maximum context length" in message else None
+

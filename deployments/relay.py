@@ -1,0 +1,136 @@
+"""Moving one answer to the client: from the local app or from another replica.
+
+Both paths hand the client already-rendered bytes: vLLM's app renders the SSE
+events once, in the replica that runs the request, and nothing parses them
+on the way. The answer goes through an unbounded queue, so the engine side
+finishes (and `on_done` releases the request's engine permit) as soon as
+generation ends, however slowly the client reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Callable
+
+import aiohttp
+
+# Response headers not passed on from an upstream replica.
+_HOP = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date", b"server"}
+
+
+class Timing:
+    """When the answer started and ended, and how many SSE events it had."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.first_body: float | None = None
+        self.ended: float | None = None
+        self.events = 0
+        self.status = 0
+
+    def body(self, chunk: bytes) -> None:
+        if chunk and self.first_body is None:
+            self.first_body = time.monotonic()
+        self.events += chunk.count(b"data: ")
+
+
+def broken_stream_event(exc: BaseException) -> bytes:
+    """An OpenAI-style error event and [DONE], for a stream cut short."""
+    err = {"error": {"message": f"engine replica failed mid-stream: {type(exc).__name__}",
+                     "type": "server_error", "param": None, "code": "engine_unavailable"}}
+    return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+
+
+class UpstreamUnavailable(Exception):
+    """The other replica could not be reached before it answered anything."""
+
+
+async def _deliver(queue: asyncio.Queue, send, extra_headers: list) -> None:
+    while (message := await queue.get()) is not None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": list(message.get("headers", [])) + extra_headers}
+        await send(message)
+
+
+async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers: list,
+                    on_done: Callable[[Timing], None]) -> Timing:
+    """Runs `app` on `body` in this process and streams its answer to `send`.
+
+    `on_done` runs when `app` has produced its whole answer (generation ended).
+    """
+    timing = Timing()
+    queue: asyncio.Queue = asyncio.Queue()
+    sent = False
+
+    async def first_receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    async def to_queue(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            timing.status = message["status"]
+        elif message["type"] == "http.response.body":
+            timing.body(message.get("body", b""))
+        queue.put_nowait(message)
+
+    delivery = asyncio.create_task(_deliver(queue, send, extra_headers))
+    try:
+        await app(scope, first_receive, to_queue)
+    finally:
+        timing.ended = time.monotonic()
+        on_done(timing)
+        queue.put_nowait(None)
+    await delivery
+    return timing
+
+
+async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
+                     send, extra_headers: list, on_done: Callable[[Timing], None],
+                     timeout_s: float) -> Timing:
+    """POSTs `body` to another replica and streams its answer to `send`.
+
+    Raises UpstreamUnavailable, without calling `on_done`, if the replica
+    fails before answering (the caller may run the request elsewhere); after that, a broken upstream ends
+    the stream early. `on_done` runs once the upstream answer ended.
+    """
+    timing = Timing()
+    queue: asyncio.Queue = asyncio.Queue()
+    try:
+        resp = await session.post(url, data=body, headers=headers,
+                                  timeout=aiohttp.ClientTimeout(total=timeout_s))
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    timing.status = resp.status
+    start = {"type": "http.response.start", "status": resp.status,
+             "headers": [(k, v) for k, v in resp.raw_headers if k.lower() not in _HOP]}
+    delivery = asyncio.create_task(_deliver(queue, send, extra_headers))
+    queue.put_nowait(start)
+    try:
+        async for chunk in resp.content.iter_any():
+            timing.body(chunk)
+            queue.put_nowait({"type": "http.response.body", "body": chunk, "more_body": True})
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        # The replica died mid-answer: end the stream with an error event.
+        queue.put_nowait({"type": "http.response.body", "body": broken_stream_event(exc), "more_body": True})
+    finally:
+        resp.release()
+        timing.ended = time.monotonic()
+        on_done(timing)
+        queue.put_nowait({"type": "http.response.body", "body": b"", "more_body": False})
+        queue.put_nowait(None)
+    await delivery
+    return timing
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float) -> dict:
+    """POSTs JSON to another replica's internal route; raises on any failure."""
+    async with session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
+        return await resp.json()
+

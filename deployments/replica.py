@@ -1,0 +1,150 @@
+"""An engine replica: a Serve deployment hosting vLLM and its HTTP servers.
+
+Serve owns the replica's life (placement by pool resources, health checks,
+restarts, autoscaling); the requests themselves never cross a Ray hop. The
+constructor starts a thread with its own event loop that builds the engine
+and vLLM's OpenAI app (actors/openai_app.py) and serves:
+
+- an internal server on `serve.internal_host` (a free port): vLLM's app
+  behind the Finisher, for requests another replica's front forwards here,
+  plus `POST /baton/prefill` on prefill replicas;
+- on decode and colocated replicas, the public front (deployments/front.py)
+  on `serve.host:serve.port`, bound with SO_REUSEPORT so every replica of a
+  node shares it.
+
+The replica's registry entry in Redis carries its internal URL; routers read
+it from there. The constructor returns only when both servers listen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+
+from actors.finisher import Finisher
+from actors.heartbeat import Heartbeat
+from actors.openai_app import EngineApp
+from common import tracing
+from common.config import BatonConfig
+from common.constants import REPO_ROOT
+
+STARTUP_TIMEOUT_S = 900
+
+
+def replica_id() -> str:
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - outside Serve (tests, scripts)
+        return f"pid-{os.getpid()}"
+
+
+def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A bound, listening TCP socket; SO_REUSEPORT lets replicas share a port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _internal_host(configured: str) -> str:
+    if configured != "auto":
+        return configured
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _server(app, sock: socket.socket):
+    import uvicorn
+
+    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", access_log=False,
+                            log_level="warning", timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    return server, asyncio.ensure_future(server.serve(sockets=[sock]))
+
+
+class EngineReplica:
+    """One engine replica of the prefill, decode or colocated pool."""
+
+    def __init__(self, cfg: dict, role: str, *bound):
+        self.cfg = BatonConfig.model_validate(cfg)
+        self.role = role
+        self.pool = "prefill" if role == "prefill" else "decode"
+        tracing.setup(self.cfg.tracing, f"baton-{role}", REPO_ROOT)
+        self.replica = replica_id()
+        self.servers: list = []
+        self.metrics = None
+        self.tasks: list[asyncio.Future] = []
+        self.heartbeat = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="baton-engine-loop", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(STARTUP_TIMEOUT_S)
+
+    async def _start(self) -> None:
+        from deployments.internal import internal_app
+        import aiohttp
+
+        self.engine = EngineApp(self.cfg, self.role, self.replica)
+        await self.engine.start()
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
+        s = self.cfg.serve
+        inner = listen_socket(_internal_host(s.internal_host), 0, reuse_port=False)
+        host, port = inner.getsockname()[:2]
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        front = self._front() if self.role != "prefill" else None
+        self._serve(internal_app(self.engine, Finisher(self.engine.app, self.replica), self.metrics), inner)
+        if front is not None:
+            self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
+        self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
+            "capacity_blocks": self.engine.capacity_blocks, "url": self.url})
+
+    def _front(self):
+        import redis.asyncio
+
+        from deployments.admission import Admission, AsyncAdmission
+        from deployments.front import Front
+        from deployments.metrics import IngressMetrics
+        from deployments.readiness import Readiness
+        from deployments.request_routing import RequestRouting
+
+        self.metrics = IngressMetrics()
+        client = redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=5)
+        routing = None if self.role == "colocated" else RequestRouting(self.cfg, client, self.metrics)
+        # Each decode replica's front holds its own engine's permits; the pool's
+        # total grows with the replicas.
+        gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
+        readiness = Readiness(self.cfg, client, self.engine)
+        local = Finisher(self.engine.app, self.replica)
+        return Front(self.cfg, self.replica, self.engine, local, routing, gate, self.metrics, self.http,
+                     readiness.check, lambda: readiness.registry.live("decode"))
+
+    def _serve(self, app, sock: socket.socket) -> None:
+        server, task = _server(app, sock)
+        self.servers.append(server)
+        self.tasks.append(task)
+
+    async def check_health(self) -> None:
+        """Serve's health probe: raises if the engine or a server died."""
+        if self.engine.errored():
+            raise RuntimeError(f"engine of {self.role} replica {self.replica} is dead")
+        if any(t.done() for t in self.tasks):
+            raise RuntimeError(f"an HTTP server of {self.role} replica {self.replica} stopped")
+
+    def __del__(self):
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        for server in self.servers:
+            server.should_exit = True
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
