@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     from common.config import load_config
 
     cfg = load_config(None, environ={})
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    # Logical CPUs only: the LLM server, its placement group and the ingress
+    # each ask for one, more than this 2-core machine has.
+    ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_openai_app({"llm_configs": [llm_config(cfg)]}), blocking=False)
     print("RAY_SERVE_LLM_READY", flush=True)

@@ -75,6 +75,10 @@ class LocalStack:
             for pool in (self.cfg.prefill, self.cfg.decode):
                 for key, amount in pool.resources.resources.items():
                     resources[key] = resources.get(key, 0) + amount * pool.replicas
+            # Ray starts workers at nice 15; an engine replica is the one
+            # process that must not yield the CPU (measured: the load's own
+            # client otherwise outranks the engine on a small machine).
+            os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
                      include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING")
         self.ray_started = True

@@ -65,6 +65,6 @@ if [ "$RAY_START" = true ]; then
     log "ray start as $role ($slots slot(s))"
     "$(venv_bin ray)" stop || true
     ulimit -n 65536 || true
-    exec "$(venv_bin ray)" start --address="$HEAD_IP:6379" --object-manager-port=8076 \
+    exec env RAY_worker_niceness=0 "$(venv_bin ray)" start --address="$HEAD_IP:6379" --object-manager-port=8076 \
         --resources="{\"$role\": $slots}"
 fi
