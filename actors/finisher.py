@@ -53,17 +53,22 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def error_code(status: int, message: str) -> str | None:
+    """OpenAI's string code for one of vLLM's error messages, if it has one."""
+    if "maximum context length" in message or "max_model_len" in message:
+        return "context_length_exceeded"
+    if status == 404 and "model" in message.lower():
+        return "model_not_found"
+    return None
+
+
 def normalize_error(status: int, body: dict) -> dict:
     """vLLM's {"error": {"type": "BadRequestError", "code": 400, ...}} as OpenAI's."""
     err = body.get("error") if isinstance(body, dict) else None
     if not isinstance(err, dict):
         return openai_error(status, str(body)[:500])
     message = str(err.get("message", ""))
-    code = err.get("code") if isinstance(err.get("code"), str) else None
-    if code is None and "maximum context length" in message:
-        code = "context_length_exceeded"
-    if code is None and status == 404 and "model" in message.lower():
-        code = "model_not_found"
+    code = err.get("code") if isinstance(err.get("code"), str) else error_code(status, message)
     return openai_error(status, message, code, err.get("param"))
 
 

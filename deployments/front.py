@@ -26,7 +26,7 @@ import uuid
 import aiohttp
 import redis
 
-from actors.finisher import COMPLETION_PATHS, INFO_HEADER
+from actors.finisher import COMPLETION_PATHS, INFO_HEADER, error_code
 from common import tracing
 from common.config import BatonConfig
 from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REQUEST_ID_HEADER, SESSION_HEADER
@@ -196,7 +196,7 @@ class Front:
         try:
             ids = await self.engine.prompt_ids(kind, body)
         except ValueError as exc:
-            raise APIError(400, str(exc), code=_code_of(str(exc))) from None
+            raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
         # vLLM's chat renderer takes these ids instead of templating again;
         # a completion prompt simply becomes the ids.
         if kind == "chat":
@@ -304,7 +304,4 @@ def _header(scope, name: bytes) -> str:
             return v.decode("latin-1")
     return ""
 
-
-def _code_of(message: str) -> str | None:
-    return "context_length_exceeded" if "maximum context length" in message else None
 
