@@ -303,5 +303,3 @@ def _header(scope, name: bytes) -> str:
         if k == name:
             return v.decode("latin-1")
     return ""
-
-
