@@ -194,7 +194,9 @@ class Front:
             info.route, info.decode_only = "colocated", True
             return None
         try:
+            t0 = time.perf_counter()
             ids = await self.engine.prompt_ids(kind, body)
+            self.metrics.render.observe(time.perf_counter() - t0)
         except ValueError as exc:
             raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
         # vLLM's chat renderer takes these ids instead of templating again;
@@ -204,7 +206,9 @@ class Front:
         else:
             body["prompt"] = ids
         try:
+            t0 = time.perf_counter()
             route = await self.routing.route(ids, tenant, session)
+            self.metrics.route.observe(time.perf_counter() - t0)
         except redis.RedisError:
             route = Route(None, None, True, "fallback", 0)
         info.route, info.decode_only = route.reason, route.decode_only
