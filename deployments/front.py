@@ -196,7 +196,7 @@ class Front:
         try:
             t0 = time.perf_counter()
             ids = await self.engine.prompt_ids(kind, body)
-            self.metrics.render.observe(time.perf_counter() - t0)
+            self.metrics.render_s.observe(time.perf_counter() - t0)
         except ValueError as exc:
             raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
         # vLLM's chat renderer takes these ids instead of templating again;
@@ -208,7 +208,7 @@ class Front:
         try:
             t0 = time.perf_counter()
             route = await self.routing.route(ids, tenant, session)
-            self.metrics.route.observe(time.perf_counter() - t0)
+            self.metrics.route_s.observe(time.perf_counter() - t0)
         except redis.RedisError:
             route = Route(None, None, True, "fallback", 0)
         info.route, info.decode_only = route.reason, route.decode_only

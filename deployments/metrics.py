@@ -37,9 +37,9 @@ class IngressMetrics:
         self.queue = Histogram("baton_queue_seconds", "time waiting for an engine permit",
                                buckets=_LATENCY, registry=r)
         fine = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
-        self.render = Histogram("baton_render_seconds", "chat template and tokenising, once per request (PD)",
+        self.render_s = Histogram("baton_render_seconds", "chat template and tokenising, once per request (PD)",
                                 buckets=fine, registry=r)
-        self.route = Histogram("baton_route_seconds", "routing decision incl. its Redis round trip (PD)",
+        self.route_s = Histogram("baton_route_seconds", "routing decision incl. its Redis round trip (PD)",
                                buckets=fine, registry=r)
         self.permits = Gauge("baton_permits_in_use", "engine permits held", ["tenant"], registry=r)
         self.shed = Counter("baton_shed_total", "requests rejected with 429", ["tenant", "reason"], registry=r)
