@@ -113,6 +113,11 @@ class PoolConfig(_Strict):
         description="KV cache per engine in GiB; null sizes it from gpu_memory_utilization",
     )
     max_ongoing_requests: int = Field(64, ge=1, description="Serve concurrency cap per replica")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment of this pool's engine processes, e.g. {VLLM_CPU_OMP_THREADS_BIND: '0'} "
+        "to pin a CPU engine's threads to core 0",
+    )
     autoscaling: AutoscalingSection | None = Field(
         None, description="per-pool autoscaling (used by `baton deploy`); null keeps `replicas` fixed"
     )

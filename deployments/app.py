@@ -27,7 +27,7 @@ def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
 
 def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, *bound):
     options = pool.resources.ray_actor_options()
-    options["runtime_env"] = {"env_vars": _engine_env(mooncake_config)}
+    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(
         name=name,
