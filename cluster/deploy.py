@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from cluster.rollout import rollout
+from deployments import autoscaling
 from common.config import BatonConfig, ConfigError, PoolConfig, load_config
 from common.constants import RAY_NAMESPACE
 from common.progress import Progress
@@ -111,6 +112,8 @@ def pool_autoscaling(pool: PoolConfig, name: str) -> dict[str, Any] | None:
         "max_replicas": hi,
         "initial_replicas": min(max(pool.replicas, lo, 1), hi),
         "target_ongoing_requests": target,
+        # Requests bypass Serve's handles: scale on what replicas report in flight.
+        "policy": {"policy_function": autoscaling.POLICY},
     }
     for key in ("upscale_delay_s", "downscale_delay_s"):
         if key in data:

@@ -83,6 +83,7 @@ class EngineReplica:
         self.replica = replica_id()
         self.servers: list = []
         self.metrics = None
+        self.in_flight = 0
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
         self.loop = asyncio.new_event_loop()
@@ -129,9 +130,25 @@ class EngineReplica:
                      readiness.check, lambda: readiness.registry.live("decode"))
 
     def _serve(self, app, sock: socket.socket) -> None:
-        server, task = _server(app, sock)
+        server, task = _server(self._counting(app), sock)
         self.servers.append(server)
         self.tasks.append(task)
+
+    def _counting(self, app):
+        """`app`, counting the HTTP requests in flight (for autoscaling)."""
+        async def counted(scope, receive, send):
+            if scope["type"] != "http" or scope["path"] in ("/health", "/metrics", "/baton/metrics"):
+                return await app(scope, receive, send)
+            self.in_flight += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
+        return counted
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metric (deployments/autoscaling.py)."""
+        return {"ongoing": float(self.in_flight)}
 
     async def check_health(self) -> None:
         """Serve's health probe: raises if the engine or a server died."""

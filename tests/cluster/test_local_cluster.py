@@ -307,7 +307,7 @@ def test_placement_and_chat(cluster):
     alive = [cluster.kind(n) for n in state["nodes"].values() if n["alive"]]
     assert alive.count("head") == 1 and "prefill" in alive and "decode" in alive, alive
     assert _assert_placement(cluster, state) == {"prefill": 1, "decode": 1}
-    # The ingress and the indexer stay off the engine nodes (the indexer is pinned to the head).
+    # The indexer stays off the engine nodes: it is pinned to the head.
     indexer = _replicas(state, "kv_indexer")
     assert indexer and all(cluster.kind(state["nodes"][r["node"]]) == "head" for r in indexer)
 

@@ -238,7 +238,8 @@ def test_pool_autoscaling_maps_to_serve():
     got = deploy.pool_autoscaling(
         _Pool(3, {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 16}), "decode")
     assert got == {"min_replicas": 1, "max_replicas": 8, "initial_replicas": 3,
-                   "target_ongoing_requests": 16.0}
+                   "target_ongoing_requests": 16.0,
+                   "policy": {"policy_function": "deployments.autoscaling:in_flight_policy"}}
     assert deploy.pool_autoscaling(_Pool(20, {"max_replicas": 4}), "decode")["initial_replicas"] == 4
     from ray.serve.config import AutoscalingConfig
 
@@ -303,3 +304,19 @@ def test_docs_name_every_port():
              d.routing.events_port, 6390, 6379, 8076, 8265, 10001]
     for port in ports:
         assert re.search(rf"\b{port}\b", text), f"docs/deploy.md does not mention port {port}"
+
+
+def test_in_flight_policy_scales_on_what_replicas_report():
+    from deployments.autoscaling import in_flight_policy
+
+    class Cfg:
+        def get_target_ongoing_requests(self):
+            return 4.0
+
+    class Ctx:
+        current_num_replicas, target_num_replicas, config = 2, 2, Cfg()
+        aggregated_metrics = {"ongoing": {"r1": 6.0, "r2": 10.0}}
+
+    assert in_flight_policy(Ctx())[0] == 4.0
+    Ctx.aggregated_metrics = None
+    assert in_flight_policy(Ctx())[0] == 0.0
