@@ -33,11 +33,13 @@ SAVE_DRAIN_TIMEOUT_S = 10.0
 
 @dataclass
 class PrefillResult:
-    """What a prefill did: prompt length and the tokens it found cached."""
+    """What a prefill did: prompt length, the tokens it found cached, and how
+    long computing the prompt and draining its KV saves took."""
 
     prompt_tokens: int
     cached_tokens: int
-    seconds: float
+    compute_s: float
+    drain_s: float
 
 
 def frontend_args(cfg: BatonConfig):
@@ -135,8 +137,9 @@ class EngineApp:
         cached = 0
         async for out in self.engine.generate(prompt, SamplingParams(max_tokens=1), request_id):
             cached = out.num_cached_tokens or cached
+        computed = time.monotonic()
         await self._drain_saves(request_id)
-        return PrefillResult(len(prompt_ids), cached, time.monotonic() - started)
+        return PrefillResult(len(prompt_ids), cached, computed - started, time.monotonic() - computed)
 
     async def _drain_saves(self, request_id: str) -> None:
         """Waits until the connector has no queued store job of `request_id`.
