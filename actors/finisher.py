@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from typing import Callable
 
 from common import tracing
 from common.constants import REQUEST_ID_HEADER
@@ -72,33 +73,37 @@ def normalize_error(status: int, body: dict) -> dict:
     return openai_error(status, message, code, err.get("param"))
 
 
-def finish_usage(obj: dict, info: BatonInfo) -> None:
-    """Sets cached_tokens as Baton counts them and adds `baton`; changes `obj` and `info`."""
+def finish_usage(obj: dict, info: BatonInfo) -> int | None:
+    """Sets cached_tokens as Baton counts them and adds `baton`; changes `obj`
+    and `info`. Returns the prompt's token count, None without usage."""
     usage = obj.get("usage")
     if not isinstance(usage, dict):
-        return
+        return None
     details = usage.get("prompt_tokens_details") or {}
     info.decode_cached_tokens = int(details.get("cached_tokens") or 0)
     usage["prompt_tokens_details"] = {**details, "cached_tokens": info.cached_tokens()}
     obj["baton"] = info.body()
+    return int(usage.get("prompt_tokens") or 0)
 
 
-def _finish_sse(chunk: bytes, info: BatonInfo) -> bytes:
-    out = []
+def _finish_sse(chunk: bytes, info: BatonInfo) -> tuple[bytes, int | None]:
+    """The chunk with its usage events finished, and the last prompt size seen."""
+    out, prompt_tokens = [], None
     for event in chunk.split(b"\n\n"):
         if _USAGE in event and event.startswith(b"data: {"):
             obj = json.loads(event[6:])
-            finish_usage(obj, info)
+            prompt_tokens = finish_usage(obj, info)
             event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
         out.append(event)
-    return b"\n\n".join(out)
+    return b"\n\n".join(out), prompt_tokens
 
 
 class Finisher:
     """Wraps vLLM's ASGI app; see the module docstring for what it changes."""
 
-    def __init__(self, app, replica: str):
-        self.app, self.replica = app, replica
+    def __init__(self, app, replica: str, on_usage: Callable[[BatonInfo, int], None] | None = None):
+        """`on_usage(info, prompt_tokens)` runs once per answer that reported usage."""
+        self.app, self.replica, self.on_usage = app, replica, on_usage
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in COMPLETION_PATHS:
@@ -117,6 +122,8 @@ class Finisher:
             await self.app(scope, receive, finishing)
         finally:
             finishing.end_kv()
+            if self.on_usage is not None and finishing.prompt_tokens is not None:
+                self.on_usage(info, finishing.prompt_tokens)
             span.set_attribute("baton.cached_tokens", info.decode_cached_tokens)
             span.end()
 
@@ -126,6 +133,7 @@ class _FinishingSend:
 
     def __init__(self, send, info: BatonInfo, kv_span):
         self.send, self.info, self.kv_span = send, info, kv_span
+        self.prompt_tokens: int | None = None  # from the answer's usage, once seen
         self.start: dict | None = None
         self.mode = "pass"  # pass | sse | json
         self.buffer: list[bytes] = []
@@ -147,7 +155,9 @@ class _FinishingSend:
             self.end_kv()
         if self.mode == "sse":
             if _USAGE in body:
-                message = {**message, "body": _finish_sse(body, self.info)}
+                finished, prompt_tokens = _finish_sse(body, self.info)
+                self.prompt_tokens = prompt_tokens or self.prompt_tokens
+                message = {**message, "body": finished}
             return await self.send(message)
         if self.mode == "pass":
             return await self.send(message)
@@ -172,7 +182,7 @@ class _FinishingSend:
             if status >= 400:
                 obj = normalize_error(status, obj)
             else:
-                finish_usage(obj, self.info)
+                self.prompt_tokens = finish_usage(obj, self.info)
             raw = json.dumps(obj, separators=(",", ":")).encode()
         headers = [(k, v) for k, v in self.start["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(raw)).encode()))

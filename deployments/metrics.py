@@ -67,6 +67,13 @@ class IngressMetrics:
         if self._blocks:
             self.hit_ratio.set(self._hits / self._blocks)
 
+    def record_usage(self, info, prompt_tokens: int, block_size: int, kv_bytes_per_token: int) -> None:
+        """Adds one answer (a common.response.BatonInfo) to the hit ratio and,
+        when decode loaded what a prefill replica wrote, to the KV bytes moved."""
+        self.record_hit(info.cached_tokens() // block_size, prompt_tokens // block_size)
+        if info.prefill_cached_tokens is not None:
+            self.kv_bytes.inc(info.decode_cached_tokens * kv_bytes_per_token)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

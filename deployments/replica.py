@@ -102,31 +102,37 @@ class EngineReplica:
         inner = listen_socket(_internal_host(s.internal_host), 0, reuse_port=False)
         host, port = inner.getsockname()[:2]
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-        front = self._front() if self.role != "prefill" else None
-        self._serve(internal_app(self.engine, Finisher(self.engine.app, self.replica), self.metrics), inner)
+        finished = Finisher(self.engine.app, self.replica)
+        front = None
+        if self.role != "prefill":
+            front = self._front(finished)
+        self._serve(internal_app(self.engine, finished, self.metrics), inner)
         if front is not None:
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url})
 
-    def _front(self):
+    def _front(self, finished: Finisher):
+        """The public front; also makes `finished` count answers in its metrics."""
         import redis.asyncio
 
         from deployments.admission import Admission, AsyncAdmission
         from deployments.front import Front
-        from deployments.metrics import IngressMetrics
+        from deployments.metrics import IngressMetrics, kv_bytes_per_token
         from deployments.readiness import Readiness
         from deployments.request_routing import RequestRouting
 
-        self.metrics = IngressMetrics()
+        self.metrics = metrics = IngressMetrics()
+        bs = self.cfg.model.block_size
+        kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
+        finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
         client = redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=5)
         routing = None if self.role == "colocated" else RequestRouting(self.cfg, client, self.metrics)
         # Each decode replica's front holds its own engine's permits; the pool's
         # total grows with the replicas.
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
         readiness = Readiness(self.cfg, client, self.engine)
-        local = Finisher(self.engine.app, self.replica)
-        return Front(self.cfg, self.replica, self.engine, local, routing, gate, self.metrics, self.http,
+        return Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
                      readiness.check, lambda: readiness.registry.live("decode"))
 
     def _serve(self, app, sock: socket.socket) -> None:

@@ -100,3 +100,7 @@ def test_metrics_report_routing(stack):
     text = urllib.request.urlopen(f"{stack.url}/metrics", timeout=10).read().decode()
     assert 'baton_route_decisions_total{pool="decode",reason="pinned"}' in text
     assert "baton_prefix_hit_ratio" in text and "baton_repins_total" in text
+    # Every answer with usage counts into the hit ratio, summed over the fronts.
+    prompt_blocks = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("baton_prompt_blocks_total"))
+    hit_blocks = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("baton_prefix_hit_blocks_total"))
+    assert prompt_blocks > 0 and hit_blocks > 0

@@ -97,3 +97,26 @@ def test_metrics_of_replicas_are_summed():
     assert 'baton_permits_in_use{tenant="t"} 3.0' in text
     assert "baton_prefix_hit_ratio 0.5" in text
     assert 'baton_repins_total{pool="decode"} 0.0' in text
+
+
+def test_each_answer_with_usage_reaches_on_usage_once():
+    seen = []
+    usage = {"prompt_tokens": 70, "completion_tokens": 1, "total_tokens": 71,
+             "prompt_tokens_details": {"cached_tokens": 64}}
+    app = Finisher(json_app(200, {"id": "x", "choices": [], "usage": usage}), "r",
+                   on_usage=lambda info, n: seen.append((info.cached_tokens(), n)))
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "headers": []}
+    asyncio.run(app(scope, receive, send))
+    m = IngressMetrics()
+    info = BatonInfo(prefill_cached_tokens=32, decode_cached_tokens=64)
+    m.record_usage(info, 70, 32, 1000)
+    assert seen == [(64, 70)]
+    assert 'baton_kv_bytes_moved_total 64000.0' in m.render().decode()
+    assert "baton_prefix_hit_ratio 0.5" in m.render().decode()
