@@ -30,7 +30,8 @@ _USAGE = b'"usage":{'
 _INFO_FIELDS = {f.name for f in fields(BatonInfo)}
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    """The value of ASGI header `name` (lower-case bytes), or ""."""
     return next((v.decode("latin-1") for k, v in headers if k == name), "")
 
 
@@ -112,10 +113,10 @@ class Finisher:
         info = read_info(headers)
         info.decode_replica = self.replica
         tracer = tracing.tracer()
-        span = tracer.start_span("decode", context=tracing.extract({"traceparent": _header(headers, b"traceparent")}))
+        span = tracer.start_span("decode", context=tracing.extract({"traceparent": header(headers, b"traceparent")}))
         kv = tracer.start_span("kv_load", context=tracing.context_of(span))
         for s in (span, kv):
-            s.set_attribute("baton.request_id", _header(headers, REQUEST_ID_HEADER.encode()))
+            s.set_attribute("baton.request_id", header(headers, REQUEST_ID_HEADER.encode()))
             s.set_attribute("baton.replica", self.replica)
         finishing = _FinishingSend(send, info, kv)
         try:

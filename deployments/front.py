@@ -26,7 +26,7 @@ import uuid
 import aiohttp
 import redis
 
-from actors.finisher import COMPLETION_PATHS, INFO_HEADER, error_code
+from actors.finisher import COMPLETION_PATHS, INFO_HEADER, error_code, header
 from common import tracing
 from common.config import BatonConfig
 from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REQUEST_ID_HEADER, SESSION_HEADER
@@ -131,7 +131,7 @@ class Front:
         keys = self.cfg.serve.api_keys
         if not keys:
             return DEFAULT_TENANT
-        auth = _header(scope, b"authorization")
+        auth = header(scope["headers"], b"authorization")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         if not token and self.cfg.serve.anonymous_tenant:
             return self.cfg.serve.anonymous_tenant
@@ -150,7 +150,7 @@ class Front:
 
     @staticmethod
     def _deadline(scope) -> float | None:
-        raw = _header(scope, DEADLINE_HEADER.encode())
+        raw = header(scope["headers"], DEADLINE_HEADER.encode())
         if not raw:
             return None
         try:
@@ -169,7 +169,7 @@ class Front:
         body = self._parse(kind, await _read_body(receive))
         deadline_s = self._deadline(scope)
         body["cache_salt"] = tenant
-        session = _header(scope, SESSION_HEADER.encode()) or None
+        session = header(scope["headers"], SESSION_HEADER.encode()) or None
         body["request_id"] = uuid.uuid4().hex
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{body['request_id']}"
         extra = [(REQUEST_ID_HEADER.encode(), request_id.encode())]
@@ -186,7 +186,10 @@ class Front:
                 raise
             span.set_attribute("baton.route", info.route or "")
             done = self._on_done(permit, tenant, route)
-            await self._dispatch(scope, receive, send, body, info, route, extra, done)
+            try:
+                await self._dispatch(scope, receive, send, body, info, route, request_id, extra, done)
+            finally:
+                done(None)  # idempotent: frees whatever a cancelled or failed dispatch still holds
 
     async def _route(self, kind: str, body: dict, tenant: str, session: str | None,
                      info: BatonInfo, request_id: str) -> Route | None:
@@ -236,15 +239,14 @@ class Front:
             self.routing.prefill_done(route)
 
     async def _dispatch(self, scope, receive, send, body: dict, info: BatonInfo, route: Route | None,
-                        extra: list, done) -> None:
+                        request_id: str, extra: list, done) -> None:
         raw = json.dumps(body).encode()
         target = route.decode_replica if route is not None else None
         trace = tracing.inject()
-        request_id = extra[0][1]
         if target and target != self.replica:
             url = self.routing.url_of("decode", target)
             headers = {"content-type": "application/json", INFO_HEADER.decode(): json.dumps(info.body()),
-                       REQUEST_ID_HEADER: request_id.decode(), **trace}
+                       REQUEST_ID_HEADER: request_id, **trace}
             for k, v in scope["headers"]:
                 if k in (SESSION_HEADER.encode(), b"authorization"):
                     headers[k.decode()] = v.decode()
@@ -260,7 +262,7 @@ class Front:
         inner["headers"] += [(b"content-length", str(len(raw)).encode()),
                              (b"content-type", b"application/json"),
                              (INFO_HEADER, json.dumps(info.body()).encode()),
-                             (REQUEST_ID_HEADER.encode(), request_id)]
+                             (REQUEST_ID_HEADER.encode(), request_id.encode())]
         inner["headers"] += [(k.encode(), v.encode()) for k, v in trace.items()]
         await relay.run_local(self.local, inner, raw, receive, send, extra, done)
 
@@ -285,7 +287,11 @@ class Front:
             self.metrics.permits.labels(tenant).dec()
 
     def _on_done(self, permit, tenant: str, route: Route | None):
-        """The callback that ends a request: permit, in-flight counts, latency."""
+        """The callback that ends a request: permit, in-flight counts, latency.
+
+        Safe to call more than once: permits and in-flight counts are freed
+        once; latency is recorded by the relay's call, which has a timing.
+        """
         def done(timing: relay.Timing | None) -> None:
             self._release(permit, tenant)
             if route is not None:
@@ -300,10 +306,3 @@ class Front:
                 if timing.events > 3:
                     m.tpot.observe((timing.ended - timing.first_body) / (timing.events - 3))
         return done
-
-
-def _header(scope, name: bytes) -> str:
-    for k, v in scope["headers"]:
-        if k == name:
-            return v.decode("latin-1")
-    return ""

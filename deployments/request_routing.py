@@ -63,7 +63,6 @@ class RequestRouting:
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         self.metrics = metrics
-        self.live_decode_replicas = 0  # as of the last decision; admission sizes its permits by it
         self.urls: dict[str, dict[str, str]] = {pool: {} for pool in POOLS}
         self._pending: set[asyncio.Future] = set()
 
@@ -131,7 +130,6 @@ class RequestRouting:
         now = time.time()
         hashes = tuple(hash_blocks(prompt_ids, self.bs, tenant))
         state = await self._read(hashes, session, now)
-        self.live_decode_replicas = len(state.live["decode"])
         req = RoutingRequest(hashes, session)
         decode = self._choose("decode", req, state, now)
         if decode is None:
