@@ -7,8 +7,9 @@ Keys (prefix `baton:`):
 - `pin:{pool}:{session}` replica id, with the pin TTL
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 
-The KV indexer is the only writer of `idx:*`; ingress replicas read one
-request's slice with `snapshot()`.
+The KV indexer is the only writer of `idx:*`; a front reads one request's
+slice (`queue_snapshot`, `snapshot_from`) in the same pipeline as the pins
+and the registry, and writes pins with `pin_key`.
 """
 
 from __future__ import annotations
@@ -76,36 +77,12 @@ def snapshot_from(block_hashes: Sequence[int], results: Sequence) -> IndexSnapsh
     return IndexSnapshot(block_hashes, holders, results[n:2 * n])
 
 
-async def snapshot(client, block_hashes: Sequence[int]) -> IndexSnapshot:
-    """The index's holders and fan-out of `block_hashes`, in one round trip."""
-    if not block_hashes:
-        return IndexSnapshot([], [], [])
-    pipe = client.pipeline(transaction=False)
-    queue_snapshot(pipe, block_hashes)
-    return snapshot_from(block_hashes, await pipe.execute())
-
-
 def pin_key(pool: str, session: str) -> str:
     return f"{P}pin:{pool}:{session}"
 
 
 def registry_key(pool: str) -> str:
     return f"{P}replicas:{pool}"
-
-
-class Pins:
-    """Session pins per pool in Redis; expiry is Redis's own TTL."""
-
-    def __init__(self, client, ttl_s: float) -> None:
-        self.r, self.ttl_s = client, ttl_s
-
-    async def get(self, pool: str, session: str) -> str | None:
-        v = await self.r.get(pin_key(pool, session))
-        return v.decode() if isinstance(v, bytes) else v
-
-    async def set(self, pool: str, session: str, replica: str) -> None:
-        """Pins (or re-pins) `session` to `replica` and restarts its TTL."""
-        await self.r.set(pin_key(pool, session), replica, px=int(self.ttl_s * 1000))
 
 
 class Registry:

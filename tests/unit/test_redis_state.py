@@ -15,7 +15,8 @@ from common.processes import port_open
 from common.processes import free_ports
 from routing.policy import BatonPolicy
 from routing.prefix_index import PrefixIndex
-from routing.redis_state import IndexWriter, Pins, Registry, snapshot
+from routing import redis_state
+from routing.redis_state import IndexWriter, Registry
 from routing.snapshot import pins_view
 
 
@@ -54,6 +55,13 @@ def run(url: str, fn):
     return asyncio.run(main())
 
 
+async def snapshot(client, hashes):
+    """One request's index slice, read the way the front reads it."""
+    pipe = client.pipeline(transaction=False)
+    redis_state.queue_snapshot(pipe, hashes)
+    return redis_state.snapshot_from(hashes, await pipe.execute())
+
+
 def test_snapshot_matches_the_in_memory_index(clients):
     sync, aio = clients
     writer, ref = IndexWriter(sync), PrefixIndex()
@@ -82,16 +90,26 @@ def test_policy_runs_unchanged_on_a_snapshot(clients):
     assert (d.replica, d.reason, d.cached_blocks) == ("warm", "prefix", 3)
 
 
-def test_pins_expire_in_redis(clients):
-    _, aio = clients
+def test_routing_pins_the_session_in_redis_and_the_pin_expires(clients):
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig.model_validate({"routing": {"pin_ttl_s": 0.4}})
+    Registry.beat(sync, "decode", "r1", {"capacity_blocks": 100, "url": "http://127.0.0.1:1"})
 
     async def scenario(client):
-        pins = Pins(client, ttl_s=0.3)
-        await pins.set("decode", "s1", "r1")
-        first = await pins.get("decode", "s1")
-        await asyncio.sleep(0.5)
-        return first, await pins.get("decode", "s1")
-    assert run(aio, scenario) == ("r1", None)
+        routing = RequestRouting(cfg, client, IngressMetrics())
+        route = await routing.route(list(range(10)), "tenant", "s1")  # short: decode-only
+        await asyncio.gather(*routing._pending)  # the pin write is not awaited by route()
+        pinned = await client.get(redis_state.pin_key("decode", "s1"))
+        await asyncio.sleep(0.6)
+        return route, pinned, await client.get(redis_state.pin_key("decode", "s1")), routing.url_of("decode", "r1")
+
+    route, pinned, later, url = run(aio, scenario)
+    assert (route.decode_replica, route.decode_only) == ("r1", True)
+    assert pinned == b"r1" and later is None and url == "http://127.0.0.1:1"
 
 
 def test_registry_drops_stale_heartbeats(clients):
