@@ -36,9 +36,8 @@ SYSTEMS = ("vllm_serve", "ray_serve_llm", "ray_serve_llm_fast", "baton_colocated
 
 
 @contextmanager
-def started(system: str, workdir: Path):
+def started(system: str, workdir: Path, cfg):
     """The system's base URL while it runs; stops it on exit."""
-    cfg = load_config(None, environ={})
     if system == "vllm_serve":
         with VllmServe(cfg, workdir / "vllm-serve.log") as s:
             yield s.url
@@ -59,7 +58,7 @@ def measure(system: str, workdir: Path, loads: dict[str, vllm_load.Workload]) ->
     cfg = load_config(None, environ={})
     t0 = time.monotonic()
     print(f"  starting {system} ...", file=sys.stderr, flush=True)
-    with started(system, workdir) as url:
+    with started(system, workdir, cfg) as url:
         print(f"  {system} ready after {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
         out = {}
         for name, w in loads.items():

@@ -40,7 +40,8 @@ from deployments.schemas import APIError
 MAX_BODY_BYTES = 16 * 2**20
 
 
-async def _read_body(receive) -> bytes:
+async def read_body(receive) -> bytes:
+    """The whole request body; 413 past MAX_BODY_BYTES, ConnectionError if the client left."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -166,7 +167,7 @@ class Front:
     async def _completion(self, scope, receive, send) -> None:
         kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
         tenant = self._tenant(scope)
-        body = self._parse(kind, await _read_body(receive))
+        body = self._parse(kind, await read_body(receive))
         deadline_s = self._deadline(scope)
         body["cache_salt"] = tenant
         session = header(scope["headers"], SESSION_HEADER.encode()) or None

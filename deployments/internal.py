@@ -20,28 +20,19 @@ from dataclasses import asdict
 from common import tracing
 
 
-async def _json_body(receive) -> dict:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return json.loads(b"".join(chunks) or b"{}")
-
-
 def internal_app(engine, finished_app, metrics=None):
     """ASGI app: /baton/prefill on `engine`, /baton/metrics, the rest to `finished_app`."""
-    from deployments.front import respond
+    from deployments.front import read_body, respond
+    from deployments.schemas import APIError
 
     async def app(scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/baton/metrics":
             return await respond(send, 200, metrics.render() if metrics else b"", content_type=b"text/plain")
         if scope["type"] == "http" and scope["path"] == "/baton/prefill":
             try:
-                req = await _json_body(receive)
+                req = json.loads(await read_body(receive) or b"{}")
                 ids = [int(t) for t in req["prompt_token_ids"]]
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, APIError) as exc:
                 return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
             ctx = tracing.extract(req.get("trace") or {})
             with tracing.tracer().start_as_current_span("prefill", context=ctx) as span:
