@@ -218,16 +218,18 @@ class Front:
         info.route, info.decode_only = route.reason, route.decode_only
         info.predicted_cached_tokens = route.predicted_cached_tokens
         self.routing.started(route)
-        if not route.decode_only and route.prefill_replica:
-            await self._prefill(route, ids, tenant, info, request_id)
+        if not route.decode_only:
+            if route.prefill_url:
+                await self._prefill(route, ids, tenant, info, request_id)
+            else:  # a registry entry without a URL: decode computes the prompt
+                info.decode_only = True
         return route
 
     async def _prefill(self, route: Route, ids: list[int], tenant: str, info: BatonInfo,
                        request_id: str) -> None:
         """Runs the prompt on the prefill replica; on failure decode computes it."""
-        url = self.routing.url_of("prefill", route.prefill_replica)
         try:
-            res = await relay.post_json(self.http, f"{url}/baton/prefill",
+            res = await relay.post_json(self.http, f"{route.prefill_url}/baton/prefill",
                                         {"prompt_token_ids": ids, "cache_salt": tenant,
                                          "request_id": request_id, "trace": tracing.inject()},
                                         self.cfg.serve.request_timeout_s)
@@ -242,17 +244,16 @@ class Front:
     async def _dispatch(self, scope, receive, send, body: dict, info: BatonInfo, route: Route | None,
                         request_id: str, extra: list, done) -> None:
         raw = json.dumps(body).encode()
-        target = route.decode_replica if route is not None else None
+        remote = route is not None and route.decode_replica != self.replica and route.decode_url
         trace = tracing.inject()
-        if target and target != self.replica:
-            url = self.routing.url_of("decode", target)
+        if remote:
             headers = {"content-type": "application/json", INFO_HEADER.decode(): json.dumps(info.body()),
                        REQUEST_ID_HEADER: request_id, **trace}
             for k, v in scope["headers"]:
                 if k in (SESSION_HEADER.encode(), b"authorization"):
                     headers[k.decode()] = v.decode()
             try:
-                await relay.run_remote(self.http, f"{url}{scope['path']}", raw, headers, send, extra,
+                await relay.run_remote(self.http, f"{route.decode_url}{scope['path']}", raw, headers, send, extra,
                                        done, self.cfg.serve.request_timeout_s)
                 return
             except relay.UpstreamUnavailable as exc:

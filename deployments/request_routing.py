@@ -42,6 +42,8 @@ class Route:
     repinned: bool = False
     prompt_blocks: int = 0
     in_flight: set = field(default_factory=set)  # pools this request still occupies
+    decode_url: str | None = None  # internal servers of the chosen replicas, from the registry
+    prefill_url: str | None = None
 
 
 @dataclass
@@ -63,7 +65,6 @@ class RequestRouting:
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         self.metrics = metrics
-        self.urls: dict[str, dict[str, str]] = {pool: {} for pool in POOLS}
         self._pending: set[asyncio.Future] = set()
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
@@ -83,8 +84,6 @@ class RequestRouting:
         n = 2 * len(hashes)
         live = {pool: self.registry.fresh(redis_state.Registry.entries(res[n + i]), now)
                 for i, pool in enumerate(POOLS)}
-        for pool in POOLS:
-            self.urls[pool].update({r: e["url"] for r, e in live[pool].items() if "url" in e})
         pins = {pool: None for pool in POOLS}
         if session:
             for i, pool in enumerate(POOLS):
@@ -121,10 +120,6 @@ class RequestRouting:
         if not task.cancelled() and task.exception() is not None:
             self.metrics.pin_errors.inc()
 
-    def url_of(self, pool: str, replica: str) -> str:
-        """The internal URL `replica` registered (as of the last decision)."""
-        return self.urls[pool][replica]
-
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:
         """Decides replicas for one request; refreshes or moves its session pins."""
         now = time.time()
@@ -138,7 +133,8 @@ class RequestRouting:
         store_held = state.snap.match(hashes).get(STORE_REPLICA, 0)
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
-        route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes))
+        route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes),
+                      decode_url=state.live["decode"][decode.replica].get("url"))
         prefill = None
         if len(prompt_ids) - reachable >= self.cfg.routing.decode_only_max_uncached_tokens:
             prefill = self._choose("prefill", req, state, now)
@@ -148,6 +144,7 @@ class RequestRouting:
             self._count("prefill", prefill)
             chosen["prefill"] = prefill.replica
             route.prefill_replica = prefill.replica
+            route.prefill_url = state.live["prefill"][prefill.replica].get("url")
             route.predicted_cached_tokens = self._cap(prefill.cached_blocks, len(prompt_ids))
         self._write_pins(session, chosen)
         return route
