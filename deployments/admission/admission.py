@@ -112,8 +112,18 @@ class Admission:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
         self.replicas = replicas
-        self.permits.set_capacity(self.config.capacity_per_replica * replicas)
-        self.queue.servers = self.permits.capacity
+        return self.set_capacity(self.config.capacity_per_replica * replicas, now)
+
+    def set_capacity(self, permits: int, now: float, servers: int | None = None) -> Handoff:
+        """Resize the permit pool to ``permits`` (a lease from a shared pool).
+
+        Same rules as ``set_replicas``: growing hands permits to the queue,
+        shrinking revokes nothing. ``servers`` (default ``permits``) is the
+        number of permits the queue's wait estimate counts on: a front whose
+        lease is about to grow passes its target.
+        """
+        self.permits.set_capacity(permits)
+        self.queue.servers = self.permits.capacity if servers is None else servers
         return self._fill(now)
 
     # -- metrics -------------------------------------------------------------

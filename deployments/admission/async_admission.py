@@ -118,6 +118,10 @@ class AsyncAdmission:
         """Resize the permit pool and wake whoever the new permits go to."""
         self._wake(self.admission.set_replicas(replicas, self._clock()))
 
+    def set_capacity(self, permits: int, servers: int | None = None) -> None:
+        """Resize the permit pool to a lease and wake whoever new permits go to."""
+        self._wake(self.admission.set_capacity(permits, self._clock(), servers))
+
     def snapshot(self) -> AdmissionSnapshot:
         """Counters and gauges from the pure controller. Changes nothing."""
         return self.admission.snapshot()
