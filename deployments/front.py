@@ -29,7 +29,7 @@ import redis
 from actors.finisher import COMPLETION_PATHS, INFO_HEADER, error_code, header
 from common import tracing
 from common.config import BatonConfig
-from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REQUEST_ID_HEADER, SESSION_HEADER
+from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REQUEST_ID_HEADER, SESSION_HEADER, TIER_HEADER
 from common.response import BatonInfo
 from deployments import relay, schemas
 from deployments.admission import AsyncAdmission, Shed
@@ -162,13 +162,28 @@ class Front:
             raise APIError(400, f"{DEADLINE_HEADER} must be in (0, 3600]", param=DEADLINE_HEADER)
         return value
 
+    def _tier(self, scope, tenant: str) -> str | None:
+        raw = header(scope["headers"], TIER_HEADER.encode())
+        if not raw:
+            return None
+        try:
+            return self.cfg.admission.tier_of(tenant, raw)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=TIER_HEADER) from None
+
     # -- the request path -----------------------------------------------------
 
     async def _completion(self, scope, receive, send) -> None:
         kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
         tenant = self._tenant(scope)
-        body = self._parse(kind, await read_body(receive))
-        deadline_s = self._deadline(scope)
+        # Admission first: a refused request costs no body read, no parse, no
+        # tokenising; a queued one waits with its body unread.
+        permit = await self._admit(tenant, self._tier(scope, tenant), self._deadline(scope))
+        try:
+            body = self._parse(kind, await read_body(receive))
+        except BaseException:
+            self._release(permit, tenant)
+            raise
         body["cache_salt"] = tenant
         session = header(scope["headers"], SESSION_HEADER.encode()) or None
         body["request_id"] = uuid.uuid4().hex
@@ -178,7 +193,6 @@ class Front:
             extra.append((SESSION_HEADER.encode(), session.encode()))
         with tracing.tracer().start_as_current_span("ingress") as span:
             span.set_attribute("baton.request_id", request_id)
-            permit = await self._admit(tenant, deadline_s)
             info, route = BatonInfo(), None
             try:
                 route = await self._route(kind, body, tenant, session, info, request_id)
@@ -270,10 +284,10 @@ class Front:
 
     # -- admission and accounting ----------------------------------------------------
 
-    async def _admit(self, tenant: str, deadline_s: float | None):
+    async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None):
         waited = time.monotonic()
         try:
-            permit = await self.gate.acquire(tenant, None, deadline_s)
+            permit = await self.gate.acquire(tenant, tier, deadline_s)
         except Shed as exc:
             self.metrics.shed.labels(tenant, exc.reason).inc()
             raise APIError(429, f"Baton is at capacity ({exc.reason}); retry after "

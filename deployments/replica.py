@@ -86,6 +86,7 @@ class EngineReplica:
         self.in_flight = 0
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
+        self.leases = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="baton-engine-loop", daemon=True)
         self.thread.start()
@@ -108,6 +109,8 @@ class EngineReplica:
             front = self._front(finished)
         self._serve(internal_app(self.engine, finished, self.metrics), inner)
         if front is not None:
+            if self.leases is not None:
+                await self.leases.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url})
@@ -119,6 +122,7 @@ class EngineReplica:
         from deployments.admission import Admission, AsyncAdmission
         from deployments.front import Front
         from deployments.metrics import IngressMetrics, kv_bytes_per_token
+        from deployments.permit_leases import PermitLeases
         from deployments.readiness import Readiness
         from deployments.request_routing import RequestRouting
 
@@ -128,9 +132,13 @@ class EngineReplica:
         finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
         client = redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=5)
         routing = None if self.role == "colocated" else RequestRouting(self.cfg, client, self.metrics)
-        # Each decode replica's front holds its own engine's permits; the pool's
-        # total grows with the replicas.
+        # Colocated: a front's permits are its own engine's. Disaggregated: any
+        # front may send to any decode replica, so the fronts lease the pool's
+        # permits from Redis (deployments/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
+        if routing is not None:
+            self.leases = PermitLeases(redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=1),
+                                       self.replica, self.cfg.admission, gate)
         readiness = Readiness(self.cfg, client, self.engine)
         return Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
                      readiness.check, lambda: readiness.registry.live("decode"))
@@ -166,6 +174,11 @@ class EngineReplica:
     def __del__(self):
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.leases is not None and self.loop.is_running():
+            try:  # give the permits back now rather than after the lease TTL
+                asyncio.run_coroutine_threadsafe(self.leases.stop(), self.loop).result(1)
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                pass
         for server in self.servers:
             server.should_exit = True
         engine = getattr(self, "engine", None)

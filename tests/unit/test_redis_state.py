@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import time
 
 import pytest
 import redis
 import redis.asyncio
 
-from common.processes import port_open
-from common.processes import free_ports
 from routing.policy import BatonPolicy
 from routing.prefix_index import PrefixIndex
 from routing import redis_state
 from routing.redis_state import IndexWriter, Registry
 from routing.snapshot import pins_view
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (make install does that)")
-    port = free_ports(1)[0]
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
 
 
 @pytest.fixture

@@ -1,0 +1,149 @@
+"""Engine permits shared by every front through Redis leases.
+
+In disaggregated mode any front may send a request to any decode replica, so
+the permits belong to the pool (``capacity_per_replica`` times the live
+fronts, one per decode replica), not to a front. Each front holds a *lease*:
+a number of the pool's permits that its local ``Admission`` may grant. A
+request is admitted or refused by the local fair queue alone, so the request
+path never waits for Redis; the leases move in the background:
+
+    every ``interval_s``: publish my demand per tenant, ask for
+    max(in use, my target) permits, read every front's demand back,
+    recompute my target (deployments/admission/lease_plan.py)
+
+One Lua script does it atomically, so the leases of all fronts never add up
+to more than the pool: a front may grow only into permits nobody holds, and
+shrinks only down to what it has in use. A front's entry expires after
+``ttl_s`` without a renewal (a dead front gives its permits back; the pool
+shrinks by its share). Time is Redis's own clock, so nodes need not agree.
+
+When Redis is slow or gone the front keeps serving from its last lease,
+capped at its even share of the pool (``capacity_per_replica``): every front
+falls back to that at the same time, so together they still hold no more
+than the pool. Nothing waits longer than ``timeout_s`` for Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import redis
+
+from common.config import AdmissionConfig
+from deployments.admission import AsyncAdmission
+from deployments.admission.lease_plan import plan_targets
+
+log = logging.getLogger("baton.leases")
+PREFIX = "baton:permits:"
+
+_LEASE = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local me = ARGV[1]
+local exp = redis.call('HGETALL', KEYS[2])
+for i = 1, #exp, 2 do
+  if exp[i] ~= me and tonumber(exp[i + 1]) < now_ms then
+    redis.call('HDEL', KEYS[1], exp[i])
+    redis.call('HDEL', KEYS[2], exp[i])
+    redis.call('HDEL', KEYS[3], exp[i])
+  end
+end
+redis.call('HSET', KEYS[2], me, now_ms + tonumber(ARGV[4]))
+redis.call('HSET', KEYS[3], me, ARGV[5])
+local others = 0
+local leases = redis.call('HGETALL', KEYS[1])
+for i = 1, #leases, 2 do
+  if leases[i] ~= me then others = others + tonumber(leases[i + 1]) end
+end
+local total = tonumber(ARGV[3]) * redis.call('HLEN', KEYS[2])
+local grant = math.min(tonumber(ARGV[2]), math.max(0, total - others))
+redis.call('HSET', KEYS[1], me, grant)
+return {grant, total, redis.call('HGETALL', KEYS[3])}
+"""
+
+
+def keys(pool: str = "decode") -> list[str]:
+    """The three hashes of a pool's leases: front -> permits, expiry (ms), demand."""
+    return [f"{PREFIX}{pool}:lease", f"{PREFIX}{pool}:expiry", f"{PREFIX}{pool}:demand"]
+
+
+class PermitLeases:
+    """Keeps one front's ``AsyncAdmission`` sized to its lease of the pool.
+
+    ``start`` takes the first lease (or the safe local share if Redis does
+    not answer) and starts the background loop; ``stop`` gives the lease back.
+    Call everything from the gate's event loop.
+    """
+
+    def __init__(self, client, front: str, config: AdmissionConfig, gate: AsyncAdmission,
+                 interval_s: float = 0.05, ttl_s: float = 3.0, timeout_s: float = 0.25) -> None:
+        self.r, self.front, self.config, self.gate = client, front, config, gate
+        self.interval_s, self.ttl_s, self.timeout_s = interval_s, ttl_s, timeout_s
+        self.safe = config.capacity_per_replica  # this front's even share of the pool
+        self.lease = 0
+        self.target = self.safe
+        self.total = self.safe
+        self.degraded = False  # True while Redis does not answer
+        self._script = client.register_script(_LEASE)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Take the first lease, then renew it every ``interval_s``."""
+        await self.tick()
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        """Stop renewing and give the lease back (best effort)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for key in keys():
+                pipe.hdel(key, self.front)
+            await asyncio.wait_for(pipe.execute(), self.timeout_s)
+        except (redis.RedisError, OSError, asyncio.TimeoutError):
+            pass  # the entry expires after ttl_s
+
+    async def tick(self) -> None:
+        """One renewal: publish demand, resize the local pool to the grant.
+
+        Changes the lease in Redis and the gate's capacity; on a Redis error
+        or timeout, caps the gate at the safe local share instead.
+        """
+        snap = self.gate.snapshot()
+        demand = {t: s.in_use + s.queue_len for t, s in snap.tenants.items() if s.in_use + s.queue_len}
+        want = max(snap.permits_in_use, self.target)
+        try:
+            grant, total, flat = await asyncio.wait_for(self._script(
+                keys=keys(), args=[self.front, want, self.safe, int(self.ttl_s * 1000),
+                                   json.dumps(demand)]), self.timeout_s)
+        except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
+            if not self.degraded:
+                log.warning("permit leases: Redis does not answer (%s); holding at most %d permits",
+                            type(exc).__name__, min(self.lease, self.safe) if self.lease else self.safe)
+            self.degraded = True
+            self.lease = min(self.lease, self.safe) if self.lease else self.safe
+            self.gate.set_capacity(self.lease, servers=max(1, self.lease))
+            return
+        self.degraded = False
+        self.lease, self.total = int(grant), int(total)
+        fronts = {_s(flat[i]): json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
+        self.target = plan_targets(self.total, fronts, self.config.weight_of).get(self.front, 0)
+        self.gate.set_capacity(self.lease, servers=max(1, self.lease, self.target))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
+                log.exception("permit leases: tick failed")
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
