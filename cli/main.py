@@ -106,14 +106,14 @@ def cmd_model(args) -> int:
     return tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
 
 
-BENCHES = ("serve", "load", "affinity", "overload", "router", "kv")
+BENCHES = ("serve", "load", "affinity", "overload", "reject", "router", "kv")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, kv, load, overload, router, serve
+    from bench import affinity, kv, load, overload, reject, router, serve
 
     modules = {"serve": serve, "load": load, "affinity": affinity, "overload": overload,
-               "router": router, "kv": kv}
+               "reject": reject, "router": router, "kv": kv}
     return modules[args.what].main(args.extra)
 
 
