@@ -171,15 +171,15 @@ class EngineReplica:
         if any(t.done() for t in self.tasks):
             raise RuntimeError(f"an HTTP server of {self.role} replica {self.replica} stopped")
 
-    def __del__(self):
-        if self.heartbeat is not None:
+    def __del__(self):  # also runs when the constructor failed half-way
+        if getattr(self, "heartbeat", None) is not None:
             self.heartbeat.stop()
-        if self.leases is not None and self.loop.is_running():
+        if getattr(self, "leases", None) is not None and self.loop.is_running():
             try:  # give the permits back now rather than after the lease TTL
                 asyncio.run_coroutine_threadsafe(self.leases.stop(), self.loop).result(1)
             except Exception:  # noqa: BLE001 - shutting down anyway
                 pass
-        for server in self.servers:
+        for server in getattr(self, "servers", ()):
             server.should_exit = True
         engine = getattr(self, "engine", None)
         if engine is not None:
