@@ -11,10 +11,9 @@ as YAML scalars, so `true`, `2` and `0.5` keep their types.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -46,6 +45,9 @@ def parse_size(text: str | int) -> int:
     if unit not in _UNITS or value < 0:
         raise ValueError(f"'{text}' is not a size (use e.g. 512MB or 16GiB)")
     return int(value * _UNITS[unit])
+
+
+_PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # used by AdmissionConfig
 
 
 class _Strict(BaseModel):
@@ -205,57 +207,90 @@ class RoutingConfig(_Strict):
 
 
 class AdmissionConfig(_Strict):
-    """Admission control: engine permits, weighted fair queues per tenant, shedding.
+    """Admission control: engine permits, priority tiers, weighted fair queues, shedding.
 
-    Capacity is per decode replica so the pool can grow; tenants map to tiers
-    and tiers to fair-queueing weights. A tenant not in ``tenant_tiers`` gets
-    ``default_tier``; so does a tier not in ``tier_weights`` (for example a
-    mistyped header), rather than failing the request.
+    Capacity is per decode replica so the pool can grow. ``tiers`` are served in
+    strict priority order; within a tier tenants share by ``tenant_weights``. A
+    tenant's tier (``tenant_tiers``, else ``default_tier``) is its default and the
+    highest it may use: a request may ask for a lower tier (deferrable work).
     """
 
     capacity_per_replica: int = Field(
         16, ge=1, description="engine permits per decode replica: requests generating at once"
     )
-    max_queue_per_tenant: int = Field(64, ge=0, description="waiting requests one tenant may hold")
-    max_queue_total: int = Field(256, ge=0, description="waiting requests across all tenants")
+    max_queue_per_tenant: int = Field(64, ge=0, description="waiting requests one tenant may hold in each tier")
+    max_queue_total: int = Field(256, ge=0, description="waiting requests across all tenants and tiers")
     default_deadline_s: float = Field(
         30, gt=0, allow_inf_nan=False,
-        description="queueing deadline unless the x-baton-deadline-s header sets one",
+        description="queueing deadline unless tier_deadlines_s or the x-baton-deadline-s header sets one",
     )
-    tier_weights: dict[str, float] = Field(
-        default_factory=lambda: {"default": 1.0}, description="fair-queueing weight of each tier"
+    tiers: list[str] = Field(
+        default_factory=lambda: ["interactive", "batch"],
+        description="priority tiers, highest first: all queued requests of a tier go before any of the next",
     )
-    tenant_tiers: dict[str, str] = Field(default_factory=dict, description="tenant -> tier")
-    default_tier: str = Field("default", description="tier of tenants not in tenant_tiers")
+    default_tier: str = Field("interactive", description="tier of tenants not in tenant_tiers")
+    tenant_tiers: dict[str, str] = Field(
+        default_factory=dict, description="tenant -> its default tier, the highest its requests may use"
+    )
+    tenant_weights: dict[str, _PositiveFinite] = Field(
+        default_factory=dict, description="tenant -> fair-queueing weight within a tier"
+    )
+    default_weight: _PositiveFinite = Field(1.0, description="weight of tenants not in tenant_weights")
+    tier_deadlines_s: dict[str, _PositiveFinite] = Field(
+        default_factory=dict, description="tier -> its queueing deadline (e.g. batch: 600, for "
+        "deferrable work); other tiers use default_deadline_s",
+    )
     ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest service time in the EWMA")
     max_retry_after_s: int = Field(60, ge=1, description="ceiling on the Retry-After hint")
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers_distinct(cls, v: list[str]) -> list[str]:
+        if not v or len(set(v)) != len(v) or not all(v):
+            raise ValueError(f"tiers must be one or more distinct non-empty names, got {v}")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "AdmissionConfig":
         if self.max_queue_total < self.max_queue_per_tenant:
             raise ValueError(f"max_queue_total ({self.max_queue_total}) must be >= "
                              f"max_queue_per_tenant ({self.max_queue_per_tenant})")
-        if not self.tier_weights:
-            raise ValueError("tier_weights must name at least one tier")
-        for tier, w in self.tier_weights.items():
-            if not (w > 0 and math.isfinite(w)):
-                raise ValueError(f"weight of tier {tier!r} must be positive, got {w}")
-        if self.default_tier not in self.tier_weights:
-            raise ValueError(f"default_tier {self.default_tier!r} is not in tier_weights")
+        if self.default_tier not in self.tiers:
+            raise ValueError(f"default_tier {self.default_tier!r} is not one of tiers {self.tiers}")
         for tenant, tier in self.tenant_tiers.items():
-            if tier not in self.tier_weights:
-                raise ValueError(f"tenant {tenant!r} has unknown tier {tier!r}")
+            if tier not in self.tiers:
+                raise ValueError(f"tenant_tiers: tenant {tenant!r} has tier {tier!r}, "
+                                 f"not one of tiers {self.tiers}")
+        for tier in self.tier_deadlines_s:
+            if tier not in self.tiers:
+                raise ValueError(f"tier_deadlines_s: {tier!r} is not one of tiers {self.tiers}")
         return self
 
-    def tier_of(self, tenant: str, tier: str | None = None) -> str:
-        """The tier that applies: ``tier`` if known, else the tenant's, else the default."""
-        if tier is not None and tier in self.tier_weights:
-            return tier
-        return self.tenant_tiers.get(tenant, self.default_tier)
+    def tier_of(self, tenant: str, requested: str | None = None) -> str:
+        """The tier a request of ``tenant`` is queued in.
 
-    def weight_of(self, tier: str) -> float:
-        """WFQ weight of ``tier`` (the default tier's weight if unknown)."""
-        return self.tier_weights.get(tier, self.tier_weights[self.default_tier])
+        ``requested`` None gives the tenant's tier; a requested tier lower
+        than the tenant's is granted, a higher one gives the tenant's own.
+        Raises ValueError for a tier name not in ``tiers``.
+        """
+        own = self.tenant_tiers.get(tenant, self.default_tier)
+        if requested is None:
+            return own
+        return requested if self._rank(requested) > self._rank(own) else own
+
+    def weight_of(self, tenant: str) -> float:
+        """Fair-queueing weight of ``tenant`` within a tier."""
+        return self.tenant_weights.get(tenant, self.default_weight)
+
+    def deadline_of(self, tier: str) -> float:
+        """Default queueing deadline (seconds) of ``tier``; ValueError if unknown."""
+        self._rank(tier)
+        return self.tier_deadlines_s.get(tier, self.default_deadline_s)
+
+    def _rank(self, tier: str) -> int:
+        if tier not in self.tiers:
+            raise ValueError(f"unknown priority tier {tier!r}; tiers are {self.tiers}")
+        return self.tiers.index(tier)
 
 
 class RayConfig(_Strict):

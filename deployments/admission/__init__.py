@@ -1,11 +1,12 @@
-"""Admission control for the Baton ingress: permits, weighted fair queueing, shedding.
+"""Admission control for the Baton ingress: permits, priority tiers, weighted fair queueing, shedding.
 
 Pure logic (time passed in as ``now``), with ``AsyncAdmission`` as the asyncio
 shell. Every shed request is a 429 with ``Retry-After``, never a 5xx.
 
-* ``AdmissionConfig`` (tiers, weights, bounds, default deadline) lives in common.config
+* ``AdmissionConfig`` (tiers, tenant weights, bounds, deadlines) lives in common.config
 * ``permits``         Permits: the per-replica concurrency pool
-* ``fair_queue``      FairQueue: SCFQ across tenants, bounded, deadline-aware
+* ``fair_queue``      FairQueue: SCFQ across the tenants of one tier
+* ``tiered_queue``    TieredQueue: strict-priority tiers of fair queues, bounded, deadline-aware
 * ``admission``       Admission: permits + queue + counters; Ticket lifecycle
 * ``async_admission`` AsyncAdmission, Permit, Shed
 * ``simulate``        simulate_overload: deterministic overload runs
@@ -17,13 +18,17 @@ from common.config import AdmissionConfig
 from .fair_queue import FairQueue
 from .outcomes import Admit, Popped, Reject, ShedReason
 from .permits import Permits
-from .simulate import OverloadResult, TenantOutcome, max_min_fair_share, simulate_overload, two_tenant_load
+from .simulate import (
+    OverloadResult, TenantOutcome, max_min_fair_share, priority_fair_share, simulate_overload, two_tenant_load,
+)
 from .stats import AdmissionSnapshot, TenantSnapshot, TenantStats
 from .ticket import Handoff, Ticket, TicketState
+from .tiered_queue import TieredQueue
 
 __all__ = [
     "Admission", "AdmissionConfig", "AdmissionSnapshot", "Admit", "AsyncAdmission",
     "FairQueue", "Handoff", "OverloadResult", "Permit", "Permits", "Popped", "Reject",
     "Shed", "ShedReason", "TenantOutcome", "TenantSnapshot", "TenantStats", "Ticket",
-    "TicketState", "max_min_fair_share", "simulate_overload", "two_tenant_load",
+    "TicketState", "TieredQueue", "max_min_fair_share", "priority_fair_share", "simulate_overload",
+    "two_tenant_load",
 ]

@@ -1,12 +1,14 @@
-"""Admission control: permits in front of the engines, a fair queue behind them.
+"""Admission control: permits in front of the engines, priority tiers of fair queues behind them.
 
-``submit`` admits a request at once when a permit is free and nobody is
-queued (a free permit with a non-empty queue cannot persist: every call that
-frees a permit hands it to the queue). Otherwise the request joins the
-weighted fair queue, or is shed with a ``ShedReason`` and ``retry_after_s``.
-``release`` returns the permit the moment generation ends and hands it to the
-next queued ticket in fair order; the caller wakes the tickets in the
-returned ``Handoff``. Service time (admission to release) feeds the queue's
+``submit`` resolves the request's priority tier (the tenant's, or a lower
+one it asked for), then admits it at once when a permit is free and nobody
+is queued in any tier (a free permit with a non-empty queue cannot persist:
+every call that frees a permit hands it to the queue). Otherwise the request
+joins its tier's weighted fair queue (``TieredQueue``), or is shed with a
+``ShedReason`` and ``retry_after_s``. ``release`` returns the permit the
+moment generation ends and hands it to the next queued ticket: highest tier
+first, fair order within it; the caller wakes the tickets in the returned
+``Handoff``. Service time (admission to release) feeds the queue's
 wait estimate, so deadlines are checked against what the engines really do.
 
 Pure and not thread-safe: time comes in as ``now``; ``AsyncAdmission`` is the
@@ -18,15 +20,15 @@ from __future__ import annotations
 import itertools
 
 from common.config import AdmissionConfig
-from .fair_queue import FairQueue
 from .outcomes import Admit, Popped, ShedReason
 from .permits import Permits
 from .stats import AdmissionSnapshot, TenantSnapshot, TenantStats
 from .ticket import Handoff, Ticket, TicketState
+from .tiered_queue import TieredQueue
 
 
 class Admission:
-    """Permits + fair queue + counters for one ingress."""
+    """Permits + priority-tiered fair queues + counters for one ingress."""
 
     def __init__(self, config: AdmissionConfig, replicas: int = 1) -> None:
         if replicas < 0:
@@ -34,8 +36,8 @@ class Admission:
         self.config = config
         self.replicas = replicas
         self.permits = Permits(config.capacity_per_replica * replicas)
-        self.queue: FairQueue[Ticket] = FairQueue(
-            config.max_queue_per_tenant, config.max_queue_total,
+        self.queue: TieredQueue[Ticket] = TieredQueue(
+            config.tiers, config.max_queue_per_tenant, config.max_queue_total,
             servers=self.permits.capacity, ewma_alpha=config.ewma_alpha,
             max_retry_after_s=config.max_retry_after_s,
         )
@@ -47,15 +49,17 @@ class Admission:
                deadline_s: float | None = None) -> Ticket:
         """Admit, queue or shed a new request.
 
-        ``tier`` None means the tenant's configured tier; ``deadline_s`` None
-        means ``default_deadline_s``. Changes the permits (admitted), the queue
-        (queued, and any displaced tickets, which come back SHED in
-        ``ticket.displaced``) and the counters.
+        ``tier`` is the requested priority tier: None means the tenant's own,
+        a higher one than the tenant's is lowered to it, an unknown name
+        raises ValueError (changing nothing). ``deadline_s`` None means the
+        tier's default (``config.deadline_of``). Changes the permits
+        (admitted), the queue (queued, and any displaced tickets, which come
+        back SHED in ``ticket.displaced``) and the counters.
         """
         tier = self.config.tier_of(tenant, tier)
-        weight = self.config.weight_of(tier)
+        weight = self.config.weight_of(tenant)
         if deadline_s is None:
-            deadline_s = self.config.default_deadline_s
+            deadline_s = self.config.deadline_of(tier)
         ticket = Ticket(next(self._ids), tenant, tier, weight, now, now + deadline_s)
         st = self._stats(tenant)
         st.submitted += 1
@@ -63,7 +67,7 @@ class Admission:
             self._admit(ticket, now)
             st.admitted_immediately += 1
             return ticket
-        verdict = self.queue.push(ticket, tenant, weight, now, ticket.deadline)
+        verdict = self.queue.push(ticket, tier, tenant, weight, now, ticket.deadline)
         if not isinstance(verdict, Admit):
             self._shed(ticket, verdict.reason, verdict.retry_after_s)
             return ticket
@@ -128,7 +132,7 @@ class Admission:
 
     # -- metrics -------------------------------------------------------------
     def snapshot(self) -> AdmissionSnapshot:
-        """Counters and gauges per tenant, copied. Changes nothing."""
+        """Counters and gauges per tenant and queue lengths per tier, copied. Changes nothing."""
         in_use = self.permits.in_use_by_tenant()
         lengths = self.queue.lengths()
         tenants = {
@@ -136,7 +140,7 @@ class Admission:
             for t, st in self.stats.items()
         }
         return AdmissionSnapshot(self.permits.capacity, self.permits.in_use, len(self.queue),
-                                 self.queue.service_time_s, tenants)
+                                 self.queue.service_time_s, tenants, self.queue.tier_lengths())
 
     # -- internals -----------------------------------------------------------
     def _stats(self, tenant: str) -> TenantStats:
@@ -159,7 +163,7 @@ class Admission:
         self._stats(ticket.tenant).count_shed(reason)
 
     def _retry_hint(self, ticket: Ticket) -> int:
-        return self.queue.retry_after(self.queue.estimate_wait(ticket.tenant, ticket.weight))
+        return self.queue.retry_after(self.queue.estimate_wait(ticket.tier, ticket.tenant, ticket.weight))
 
     def _fill(self, now: float) -> Handoff:
         out = Handoff()

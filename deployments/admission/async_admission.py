@@ -1,6 +1,6 @@
 """asyncio shell around ``Admission``: wait for a permit, or raise ``Shed``.
 
-    permit = await gate.acquire(tenant, tier, deadline_s)   # may raise Shed
+    permit = await gate.acquire(tenant, priority, deadline_s)   # may raise Shed
     try:
         async for chunk in engine.generate(...):
             ...
@@ -9,7 +9,7 @@
     finally:
         permit.release()                     # no-op if already released
 
-or ``async with gate.slot(tenant, tier, deadline_s) as permit:``.
+or ``async with gate.slot(tenant, priority, deadline_s) as permit:``.
 
 Each queued request waits on an ``asyncio.Future`` and has a timer at its
 deadline; a release, a capacity change or the timer resolves the future.
@@ -78,13 +78,15 @@ class AsyncAdmission:
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._timers: dict[Ticket, asyncio.TimerHandle] = {}
 
-    async def acquire(self, tenant: str, tier: str | None = None,
+    async def acquire(self, tenant: str, priority: str | None = None,
                       deadline_s: float | None = None) -> Permit:
         """Wait until admitted and return the permit; raise ``Shed`` if shed.
 
+        ``priority`` is the requested tier (None: the tenant's own; see
+        ``Admission.submit``); an unknown tier raises ValueError at once.
         Changes the admission state; cancelling the await dequeues the request.
         """
-        ticket = self.admission.submit(tenant, tier, self._clock(), deadline_s)
+        ticket = self.admission.submit(tenant, priority, self._clock(), deadline_s)
         self._shed_all(ticket.displaced)
         if ticket.state is TicketState.ADMITTED:
             return Permit(self, ticket)
@@ -105,10 +107,10 @@ class AsyncAdmission:
         return Permit(self, ticket)
 
     @asynccontextmanager
-    async def slot(self, tenant: str, tier: str | None = None,
+    async def slot(self, tenant: str, priority: str | None = None,
                    deadline_s: float | None = None) -> AsyncIterator[Permit]:
         """``acquire`` as a context manager; releases on exit (if not released already)."""
-        permit = await self.acquire(tenant, tier, deadline_s)
+        permit = await self.acquire(tenant, priority, deadline_s)
         try:
             yield permit
         finally:

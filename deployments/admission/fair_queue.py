@@ -1,4 +1,4 @@
-"""Weighted fair queue across tenants, bounded and deadline-aware.
+"""Weighted fair queue across the tenants of one priority tier.
 
 Algorithm: self-clocked fair queueing (SCFQ, Golestani 1994), a virtual
 finish time scheme. Every request costs one unit (its service time is not
@@ -17,37 +17,17 @@ two pops for every pop of a backlogged tenant of weight 1. A tenant sending
 everyone else's, and a light tenant's next request is at most one pop per
 other backlogged tenant away from the head. We chose SCFQ over deficit
 round robin because the tags give a direct answer to "how many requests are
-ahead of this one", which the deadline check below needs.
+ahead of this one", which the deadline check needs (``ahead_of_new``,
+``ahead_of_head``).
 
 Removing a request that was never served (cancelled, expired, displaced)
 re-tags the tenant's later requests one step down, so a tenant is not
 charged for service it never got.
 
-Thresholds:
-* ``max_queue_per_tenant``: a tenant with this many waiting requests is
-  rejected (``tenant_queue_full``); one tenant cannot fill the whole queue.
-* ``max_queue_total``: when the whole queue is full, the arrival displaces
-  the newest request of the tenant with the longest weight-normalised queue
-  (``len/w``), but only if the arrival's tenant would still be strictly
-  shorter (``(len+1)/w``) than that; otherwise the arrival is rejected
-  (``queue_full``). This longest-queue push-out sheds the tenant that is over
-  its share, never the one under it. Displaced requests are returned so the
-  caller answers them 429.
-* Deadline: a request with ``deadline <= now`` is rejected at push and
-  expired at pop/expire (``now >= deadline``). A push whose expected wait
-  exceeds ``deadline - now`` is rejected early (``deadline``).
-* Expected wait = ``(ahead + 1) * S / servers``: ``ahead`` counts queued
-  requests with a smaller-or-equal finish tag (the order they will be served
-  in, so it already weighs tenants by their share), ``S`` is the EWMA of
-  observed service times (``alpha`` = weight of the newest), ``servers`` the
-  permit capacity, and the ``+1`` is the wait for the next permit to free.
-  Before any service is observed the estimate is 0 and nothing is rejected
-  early. The estimate ignores future arrivals that may overtake; a request
-  that falls behind expires in the queue with the same 429.
-* ``retry_after_s`` is ``ceil`` of the wait that caused the rejection,
-  clamped to ``[1, max_retry_after_s]``: for ``deadline`` the excess of the
-  expected wait over the budget, for ``tenant_queue_full`` the wait until the
-  tenant's head leaves the queue, for ``queue_full`` the wait for the next pop.
+This class only orders one tier: it has no bounds and no wait estimate.
+``TieredQueue`` (tiered_queue.py) keeps one per priority tier and adds the
+bounds, the push-out, the deadline check and Retry-After, built on the
+``ahead`` counts and ``longest`` answered here.
 
 Items must be hashable and distinct (``remove`` finds them by key). Pure and
 not thread-safe; time comes in as ``now``.
@@ -61,7 +41,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .outcomes import Admit, Popped, Reject, ShedReason
+from .outcomes import Popped
 
 T = TypeVar("T", bound=Hashable)
 
@@ -78,16 +58,9 @@ class _Entry:
 
 
 class FairQueue(Generic[T]):
-    """Per-tenant bounded FIFOs served in SCFQ order. See the module comment."""
+    """Per-tenant FIFOs of one tier served in SCFQ order. See the module comment."""
 
-    def __init__(self, max_queue_per_tenant: int, max_queue_total: int, servers: int = 1,
-                 ewma_alpha: float = 0.2, max_retry_after_s: int = 60) -> None:
-        self.max_queue_per_tenant = max_queue_per_tenant
-        self.max_queue_total = max_queue_total
-        self.servers = servers
-        self.ewma_alpha = ewma_alpha
-        self.max_retry_after_s = max_retry_after_s
-        self.service_time_s: float | None = None  # EWMA; None until observed
+    def __init__(self) -> None:
         self.virtual_time = 0.0
         self._queues: dict[str, deque[_Entry]] = {}  # only non-empty queues
         self._entries: dict[Hashable, _Entry] = {}
@@ -104,63 +77,52 @@ class FairQueue(Generic[T]):
         """Waiting requests per tenant (tenants with none are absent)."""
         return {t: len(q) for t, q in self._queues.items()}
 
-    def estimate_wait(self, tenant: str, weight: float) -> float:
-        """Expected wait of a request ``tenant`` would push now."""
-        return self._wait(self._count_ahead(self._tail(tenant) + 1 / weight, math.inf))
+    def tenant_len(self, tenant: str) -> int:
+        """Waiting requests of ``tenant``."""
+        return len(self._queues.get(tenant, ()))
 
-    def retry_after(self, wait_s: float) -> int:
-        """Retry-After hint for a wait: ceil, clamped to [1, max]. Changes nothing."""
-        if not math.isfinite(wait_s):
-            return self.max_retry_after_s
-        return max(1, min(self.max_retry_after_s, math.ceil(wait_s)))
+    def ahead_of_new(self, tenant: str, weight: float, without: T | None = None) -> int:
+        """Queued requests served before one ``tenant`` would push now.
+
+        ``without``: a queued item not to count (one about to be displaced).
+        """
+        finish = self._tail(tenant) + 1 / weight
+        n = self._count_ahead(finish, math.inf)
+        gone = self._entries.get(without) if without is not None else None
+        if gone is not None and gone.finish <= finish:
+            n -= 1
+        return n
+
+    def ahead_of_head(self, tenant: str) -> int:
+        """Queued requests served before ``tenant``'s oldest one (0 if it has none)."""
+        q = self._queues.get(tenant)
+        return self._count_ahead(q[0].finish, q[0].seq) if q else 0
+
+    def longest(self, exclude: str | None = None) -> tuple[T, float] | None:
+        """Newest item of the tenant with the longest weight-normalised queue
+        (``len/w``; the first such tenant on a tie) and that ``len/w``.
+        ``exclude`` is left out; None when no tenant is left."""
+        best: _Entry | None = None
+        best_load = 0.0
+        for t, q in self._queues.items():
+            load = len(q) / q[-1].weight
+            if t != exclude and load > best_load:
+                best, best_load = q[-1], load
+        return None if best is None else (best.item, best_load)  # type: ignore[return-value]
 
     # -- updates -------------------------------------------------------------
-    def observe_service(self, seconds: float) -> None:
-        """Fold one observed service time into the EWMA. Changes the estimate."""
-        if seconds < 0:
-            return
-        s = self.service_time_s
-        self.service_time_s = seconds if s is None else s + self.ewma_alpha * (seconds - s)
-
-    def push(self, item: T, tenant: str, weight: float, now: float,
-             deadline: float) -> Admit[T] | Reject:
-        """Queue ``item`` for ``tenant`` (``deadline`` is absolute time).
-
-        Changes the queue on Admit (and removes the displaced items); a
-        Reject changes nothing.
-        """
+    def push(self, item: T, tenant: str, weight: float, deadline: float) -> None:
+        """Queue ``item`` for ``tenant`` behind its earlier requests (``deadline``
+        is absolute time). Changes the queue; no bound is checked here."""
         if item in self._entries:
             raise ValueError("item is already queued")
         if weight <= 0:
             raise ValueError(f"weight must be positive, got {weight}")
-        if deadline <= now:
-            return Reject(ShedReason.DEADLINE, 1)
-        own = self._queues.get(tenant)
-        if len(own or ()) >= self.max_queue_per_tenant:
-            head_wait = self._wait(self._count_ahead(own[0].finish, own[0].seq)) if own else 0.0
-            return Reject(ShedReason.TENANT_QUEUE_FULL, self.retry_after(head_wait))
-        victim = None
-        if len(self._entries) >= self.max_queue_total:
-            victim = self._pushout_victim(tenant, weight)
-            if victim is None:
-                return Reject(ShedReason.QUEUE_FULL, self.retry_after(self._wait(0)))
         start = self._tail(tenant)
-        finish = start + 1 / weight
-        ahead = self._count_ahead(finish, math.inf)
-        if victim is not None and victim.finish <= finish:
-            ahead -= 1
-        wait = self._wait(ahead)
-        if wait > deadline - now:
-            return Reject(ShedReason.DEADLINE, self.retry_after(wait - (deadline - now)))
-        displaced: tuple[T, ...] = ()
-        if victim is not None:
-            self._remove_entry(victim)
-            displaced = (victim.item,)  # type: ignore[assignment]
-        entry = _Entry(item, tenant, weight, deadline, self._seq, start, finish)
+        entry = _Entry(item, tenant, weight, deadline, self._seq, start, start + 1 / weight)
         self._seq += 1
         self._queues.setdefault(tenant, deque()).append(entry)
         self._entries[item] = entry
-        return Admit(wait, displaced)
 
     def pop(self, now: float) -> Popped[T]:
         """Take the next item in fair order; drop and return expired heads on the way.
@@ -187,7 +149,7 @@ class FairQueue(Generic[T]):
         return [e.item for e in dead]  # type: ignore[misc]
 
     def remove(self, item: T) -> bool:
-        """Remove a queued item (a cancelled request). False if it was not queued."""
+        """Remove a queued item (cancelled or displaced). False if it was not queued."""
         entry = self._entries.get(item)
         if entry is None:
             return False
@@ -207,22 +169,6 @@ class FairQueue(Generic[T]):
                     break
                 n += 1
         return n
-
-    def _wait(self, ahead: int) -> float:
-        if self.service_time_s is None:
-            return 0.0
-        if self.servers <= 0:
-            return math.inf
-        return (ahead + 1) * self.service_time_s / self.servers
-
-    def _pushout_victim(self, tenant: str, weight: float) -> _Entry | None:
-        own = (len(self._queues.get(tenant, ())) + 1) / weight
-        best, best_load = None, own
-        for t, q in self._queues.items():
-            load = len(q) / q[-1].weight
-            if t != tenant and load > best_load:
-                best, best_load = q[-1], load
-        return best
 
     def _remove_entry(self, entry: _Entry, served: bool = False) -> None:
         del self._entries[entry.item]

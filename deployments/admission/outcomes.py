@@ -18,7 +18,7 @@ class ShedReason(StrEnum):
     DEADLINE = "deadline"  # expected wait exceeds the deadline (rejected at push)
     TENANT_QUEUE_FULL = "tenant_queue_full"
     QUEUE_FULL = "queue_full"
-    DISPLACED = "displaced"  # pushed out of a full queue by a lighter tenant
+    DISPLACED = "displaced"  # pushed out of a full queue by a lighter tenant or a higher tier
     EXPIRED = "expired"  # deadline passed while queued
 
 

@@ -3,9 +3,11 @@
 Each tenant sends requests at a fixed rate (evenly spaced, tenant ``i`` offset
 by ``(i+1)/(n+1)`` of its interval so arrivals never coincide by accident);
 every admitted request holds its permit for exactly ``service_time_s``. The
-result reports, per tenant, successes, sheds by reason, goodput and the
-weighted max-min fair share of throughput, so tests (and ``baton bench
-overload``) can check "a light tenant keeps >= 90% of its fair share".
+result reports, per tenant, successes, sheds by reason, goodput and its fair
+share of throughput, so tests (and ``baton bench overload``) can check "a
+light tenant keeps >= 90% of its fair share". The fair share follows the
+queue's rules: tiers take capacity in strict priority order, and within a
+tier tenants get the weighted max-min share by tenant weight.
 
 Pure: no clock, no randomness; the same inputs give the same numbers.
 """
@@ -61,6 +63,22 @@ def max_min_fair_share(demand: Mapping[str, float], weights: Mapping[str, float]
     return share
 
 
+def priority_fair_share(config: AdmissionConfig, demand: Mapping[str, float],
+                        requested: Mapping[str, str], capacity: float) -> dict[str, float]:
+    """Fair share per tenant under the queue's rules: each tier, highest first,
+    water-fills what the tiers above left, by tenant weight. ``requested``
+    maps tenant -> requested tier (``config.tier_of`` resolves it)."""
+    tier = {t: config.tier_of(t, requested.get(t)) for t in demand}
+    share: dict[str, float] = {}
+    left = capacity
+    for name in config.tiers:
+        members = {t: d for t, d in demand.items() if tier[t] == name}
+        got = max_min_fair_share(members, {t: config.weight_of(t) for t in members}, left)
+        share.update(got)
+        left = max(0.0, left - sum(got.values()))
+    return share
+
+
 def two_tenant_load(load_x: float, capacity_rps: float,
                     heavy_factor: float = 10.0) -> dict[str, float]:
     """Offered rates for "light" and "heavy" (heavy sends ``heavy_factor`` x light)
@@ -95,8 +113,9 @@ def simulate_overload(config: AdmissionConfig, offered_rps: Mapping[str, float],
                       deadline_s: float | None = None) -> OverloadResult:
     """Run arrivals in ``[0, duration_s)`` to completion; return per-tenant outcomes.
 
-    ``tiers`` maps tenant -> tier (else the config's mapping). Changes nothing
-    outside the ``Admission`` it builds.
+    ``tiers`` maps tenant -> requested priority tier (else the tenant's own;
+    see ``AdmissionConfig.tier_of``). Changes nothing outside the
+    ``Admission`` it builds.
     """
     if service_time_s <= 0 or duration_s <= 0:
         raise ValueError("service_time_s and duration_s must be positive")
@@ -128,8 +147,7 @@ def simulate_overload(config: AdmissionConfig, offered_rps: Mapping[str, float],
     adm.expire(math.inf)  # nothing should be left; count it as expired if so
 
     capacity_rps = adm.permits.capacity / service_time_s
-    weights = {t: config.weight_of(config.tier_of(t, tiers.get(t))) for t in offered_rps}
-    fair = max_min_fair_share(dict(offered_rps), weights, capacity_rps)
+    fair = priority_fair_share(config, offered_rps, tiers, capacity_rps)
     tenants = {}
     for t in offered_rps:
         st = adm.stats.get(t)

@@ -1,7 +1,7 @@
 """Per-tenant admission counters, for the ingress to export to Prometheus.
 
-Counters only grow; gauges (permits in use, queue length) are read from the
-pools when a snapshot is taken. Queue time is kept as sum/count/max so the
+Counters only grow; gauges (permits in use, queue length per tenant and per
+tier) are read from the pools when a snapshot is taken. Queue time is kept as sum/count/max so the
 exporter can publish a mean without holding every observation; the ticket's
 own ``queue_time_s`` is there for a histogram.
 """
@@ -46,7 +46,7 @@ class TenantStats:
 class TenantSnapshot:
     stats: TenantStats  # a copy
     in_use: int  # permits held now
-    queue_len: int  # requests waiting now
+    queue_len: int  # requests waiting now, all tiers
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,4 @@ class AdmissionSnapshot:
     queue_len: int
     service_time_s: float | None  # EWMA of observed service times
     tenants: dict[str, TenantSnapshot]
+    tier_queue_len: dict[str, int] = field(default_factory=dict)  # every tier, highest first

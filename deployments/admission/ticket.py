@@ -31,8 +31,8 @@ class TicketState(StrEnum):
 class Ticket:
     id: int
     tenant: str
-    tier: str
-    weight: float
+    tier: str  # the priority tier it is queued in (resolved by the config)
+    weight: float  # its tenant's fair-queueing weight within the tier
     submitted_at: float
     deadline: float  # absolute time by which the request must be admitted
     state: TicketState = TicketState.QUEUED

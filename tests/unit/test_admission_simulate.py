@@ -1,7 +1,8 @@
 import pytest
 
 from deployments.admission import (
-    AdmissionConfig, ShedReason, max_min_fair_share, simulate_overload, two_tenant_load,
+    AdmissionConfig, ShedReason, max_min_fair_share, priority_fair_share, simulate_overload,
+    two_tenant_load,
 )
 
 CFG = AdmissionConfig(capacity_per_replica=4, max_queue_per_tenant=50, max_queue_total=80,
@@ -48,15 +49,36 @@ def test_push_out_keeps_fairness_when_the_global_queue_is_the_bound():
     assert r.tenants["heavy"].shed.get(ShedReason.DISPLACED, 0) > 0
 
 
-def test_tier_weights_split_capacity_2_to_1():
+def test_tenant_weights_split_capacity_2_to_1():
     cfg = AdmissionConfig(capacity_per_replica=4, max_queue_per_tenant=100, max_queue_total=200,
-                          default_deadline_s=5.0, tier_weights={"free": 1.0, "gold": 2.0},
-                          default_tier="free", tenant_tiers={"g": "gold"})
+                          default_deadline_s=5.0, tenant_weights={"g": 2.0})
     r = simulate_overload(cfg, {"g": 20.0, "f": 20.0}, SERVICE_S, DURATION_S, REPLICAS)
     assert r.tenants["g"].fair_share_rps == pytest.approx(16 / 3)
     assert r.tenants["f"].fair_share_rps == pytest.approx(8 / 3)
     for t in r.tenants.values():
         assert 0.9 <= t.fair_share_ratio <= 1.1
+
+
+def test_interactive_takes_capacity_before_batch():
+    # A short batch queue, so what drains after the run barely counts.
+    cfg = AdmissionConfig(capacity_per_replica=4, max_queue_per_tenant=8, max_queue_total=16,
+                          default_deadline_s=5.0, tier_deadlines_s={"batch": 600.0})
+    # i asks for 6 of the 8/s; the batch tenant gets the 2/s left, not half.
+    r = simulate_overload(cfg, {"i": 6.0, "b": 20.0}, SERVICE_S, DURATION_S, REPLICAS,
+                          tiers={"b": "batch"})
+    i, b = r.tenants["i"], r.tenants["b"]
+    assert (i.fair_share_rps, b.fair_share_rps) == (pytest.approx(6.0), pytest.approx(2.0))
+    assert i.shed == {} and i.successes == i.offered
+    assert 0.9 <= b.fair_share_ratio <= 1.1
+
+
+def test_priority_fair_share_fills_tiers_in_order():
+    cfg = AdmissionConfig(tenant_tiers={"b": "batch", "c": "batch"}, tenant_weights={"c": 3.0})
+    share = priority_fair_share(cfg, {"i": 5.0, "b": 10.0, "c": 10.0, "x": 2.0}, {"x": "batch"}, 8.0)
+    # i takes its 5; batch splits the 3 left by weight 1:1:3 (x asked for batch).
+    assert share == {"i": 5.0, "x": pytest.approx(0.6), "b": pytest.approx(0.6), "c": pytest.approx(1.8)}
+    # A tenant may not raise itself: b asking for interactive stays in batch.
+    assert priority_fair_share(cfg, {"i": 8.0, "b": 8.0}, {"b": "interactive"}, 8.0) == {"i": 8.0, "b": 0.0}
 
 
 def test_simulation_is_deterministic():
