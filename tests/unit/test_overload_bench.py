@@ -22,8 +22,8 @@ from common.constants import REPO_ROOT
 
 def _outcomes(tenant: str, ok: int = 0, r429: int = 0, bare429: int = 0, r5xx: int = 0,
               slow: int = 0) -> list[Outcome]:
-    out = [Outcome(tenant, 200, ttft_s=0.1, tokens=3) for _ in range(ok)]
-    out += [Outcome(tenant, 200, ttft_s=9.0, tokens=3) for _ in range(slow)]
+    out = [Outcome(tenant, 200, ttft_s=0.1, tokens=3, done_s=1.0) for _ in range(ok)]
+    out += [Outcome(tenant, 200, ttft_s=9.0, tokens=3, done_s=1.0) for _ in range(slow)]
     out += [Outcome(tenant, 429, retry_after=True, error="shed") for _ in range(r429)]
     out += [Outcome(tenant, 429, retry_after=False, error="shed") for _ in range(bare429)]
     out += [Outcome(tenant, 503, error="down") for _ in range(r5xx)]
@@ -52,23 +52,25 @@ def _doc() -> dict:
 # -- statistics --------------------------------------------------------------------
 
 
-def test_tenant_stats_counts_rejections_and_fair_share():
+def test_tenant_stats_counts_rejections_and_fair_share_of_what_was_delivered():
     outs = _outcomes("heavy", ok=60, r429=30, bare429=2, r5xx=1) + _outcomes("light", ok=9, r429=1)
-    stats = tenant_stats(outs, duration_s=10, capacity_rps=8.0)
+    stats = tenant_stats(outs, duration_s=10, slo_ttft_s=2.0)
     heavy, light = stats["heavy"], stats["light"]
-    assert heavy["sent"] == 93 and heavy["succeeded"] == 60
+    assert heavy["sent"] == 93 and heavy["succeeded"] == 60 and heavy["good"] == 60
     assert heavy["status_codes"] == {"200": 60, "429": 32, "503": 1}
     assert heavy["rejected_429"] == 32 and heavy["429_without_retry_after"] == 2 and heavy["5xx"] == 1
     assert light["429_without_retry_after"] == 0 and light["5xx"] == 0
-    # Demands 9.3/s and 1.0/s against 8/s: light gets all of its 1.0/s, heavy the other 7.0/s.
+    # Delivered 6.9/s; demands 9.3/s and 1.0/s: light's fair share is all of its
+    # 1.0/s (it got 0.9/s), heavy's the other 5.9/s (it got 6.0/s).
     assert light["pct_of_fair_share"] == 90.0
-    assert heavy["pct_of_fair_share"] == round(100 * 6.0 / 7.0, 1)
+    assert heavy["pct_of_fair_share"] == round(100 * 6.0 / 5.9, 1)
 
 
-def test_level_stats_goodput_counts_only_successes_within_the_slo():
+def test_level_stats_goodput_counts_only_successes_within_the_slo_and_the_window():
     outs = _outcomes("heavy", ok=8, slow=4, r429=5) + _outcomes("light", ok=2)
-    lv = level_stats(2, outs, wall_s=2.0, capacity_rps=5.0, duration_s=2.0, slo_ttft_s=2.0)
-    assert lv["goodput_rps"] == 5.0 and lv["offered_rps"] == 10.0 and lv["requests"] == 19
+    outs.append(Outcome("light", 200, ttft_s=0.1, tokens=3, done_s=2.5))  # ended after the window
+    lv = level_stats(2, outs, wall_s=3.0, capacity_rps=5.0, duration_s=2.0, slo_ttft_s=2.0)
+    assert lv["goodput_rps"] == 5.0 and lv["offered_rps"] == 10.0 and lv["requests"] == 20
     assert lv["goodput_ratio"] is None and set(lv["tenants"]) == {"heavy", "light"}
 
 
