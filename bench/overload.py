@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import sys
@@ -203,8 +204,7 @@ def _calibrate(url: str, replicas: int, args) -> float:
     """Capacity in requests/s: after a warm-up, ``permits`` closed loops of
     the levels' own requests for ``--calibrate-s`` seconds."""
     permits = replicas * args.capacity_per_replica
-    spec = _specs(1.0, 1.0, args.seed, args.max_tokens, 3600)[0]
-    spec.at_s = 0.0
+    spec = dataclasses.replace(_specs(1.0, 1.0, args.seed, args.max_tokens, 3600)[0], at_s=0.0)
 
     async def loops() -> float:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
