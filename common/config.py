@@ -222,7 +222,8 @@ class AdmissionConfig(_Strict):
     max_queue_total: int = Field(256, ge=0, description="waiting requests across all tenants and tiers")
     default_deadline_s: float = Field(
         30, gt=0, allow_inf_nan=False,
-        description="queueing deadline unless tier_deadlines_s or the x-baton-deadline-s header sets one",
+        description="seconds by which a request should see its first token, unless tier_deadlines_s or "
+        "the x-baton-deadline-s header sets one; a request that cannot make it is refused at once",
     )
     tiers: list[str] = Field(
         default_factory=lambda: ["interactive", "batch"],

@@ -23,7 +23,7 @@ APP_NAME = "baton"  # the Serve application
 RAY_NAMESPACE = "baton"
 
 SESSION_HEADER = "x-session-affinity"  # multi-turn session id, echoed back
-DEADLINE_HEADER = "x-baton-deadline-s"  # queueing deadline of one request
+DEADLINE_HEADER = "x-baton-deadline-s"  # by when one request must see its first token
 TIER_HEADER = "x-baton-tier"  # priority tier of one request (interactive, batch)
 REQUEST_ID_HEADER = "x-baton-request-id"
 DEFAULT_TENANT = "default"  # tenant of every request when auth is off

@@ -315,6 +315,8 @@ class Front:
                 self.routing.finished(route)
             if timing is None or timing.status != 200:
                 return
+            if timing.first_body is not None and timing.events and permit.ticket.admitted_at is not None:
+                self.gate.observe_start(timing.first_body - permit.ticket.admitted_at)
             m = self.metrics
             m.e2e.observe(timing.ended - timing.started)
             if timing.first_body is not None:

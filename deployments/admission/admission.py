@@ -11,6 +11,11 @@ first, fair order within it; the caller wakes the tickets in the returned
 ``Handoff``. Service time (admission to release) feeds the queue's
 wait estimate, so deadlines are checked against what the engines really do.
 
+A deadline is the time by which the request should see its first token, not
+merely leave the queue: the start time (admission to first token, an EWMA
+fed by ``observe_start``) is taken off it before queueing, so a request is
+queued only while it can still start in time, and refused at once otherwise.
+
 Pure and not thread-safe: time comes in as ``now``; ``AsyncAdmission`` is the
 asyncio shell.
 """
@@ -42,6 +47,7 @@ class Admission:
             max_retry_after_s=config.max_retry_after_s,
         )
         self.stats: dict[str, TenantStats] = {}
+        self.start_time_s: float | None = None  # EWMA of admission -> first token
         self._ids = itertools.count(1)
 
     # -- requests ------------------------------------------------------------
@@ -60,11 +66,11 @@ class Admission:
         weight = self.config.weight_of(tenant)
         if deadline_s is None:
             deadline_s = self.config.deadline_of(tier)
-        ticket = Ticket(next(self._ids), tenant, tier, weight, now, now + deadline_s)
+        ticket = Ticket(next(self._ids), tenant, tier, weight, now, now + deadline_s - (self.start_time_s or 0.0))
         st = self._stats(tenant)
         st.submitted += 1
         if len(self.queue) == 0 and deadline_s > 0 and self.permits.try_acquire(ticket, tenant):
-            self._admit(ticket, now)
+            self._admit(ticket, now)  # a free permit is its best chance, even a late one
             st.admitted_immediately += 1
             return ticket
         verdict = self.queue.push(ticket, tier, tenant, weight, now, ticket.deadline)
@@ -99,6 +105,13 @@ class Admission:
         assert ticket.admitted_at is not None
         self.queue.observe_service(now - ticket.admitted_at)
         return self._fill(now)
+
+    def observe_start(self, seconds: float) -> None:
+        """Fold one admission-to-first-token time into the start estimate. Changes it."""
+        if seconds < 0:
+            return
+        s = self.start_time_s
+        self.start_time_s = seconds if s is None else s + self.config.ewma_alpha * (seconds - s)
 
     def expire(self, now: float) -> list[Ticket]:
         """Shed every queued ticket whose deadline passed. Changes the queue."""

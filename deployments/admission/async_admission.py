@@ -120,6 +120,10 @@ class AsyncAdmission:
         """Resize the permit pool and wake whoever the new permits go to."""
         self._wake(self.admission.set_replicas(replicas, self._clock()))
 
+    def observe_start(self, seconds: float) -> None:
+        """One admission-to-first-token time, for the deadline check (``Admission``)."""
+        self.admission.observe_start(seconds)
+
     def set_capacity(self, permits: int, servers: int | None = None) -> None:
         """Resize the permit pool to a lease and wake whoever new permits go to."""
         self._wake(self.admission.set_capacity(permits, self._clock(), servers))

@@ -34,7 +34,7 @@ class Ticket:
     tier: str  # the priority tier it is queued in (resolved by the config)
     weight: float  # its tenant's fair-queueing weight within the tier
     submitted_at: float
-    deadline: float  # absolute time by which the request must be admitted
+    deadline: float  # absolute time by which it must be admitted: its first-token deadline less the start estimate
     state: TicketState = TicketState.QUEUED
     admitted_at: float | None = None
     released_at: float | None = None

@@ -70,3 +70,64 @@ def test_heavy_tenant_is_shed_fairly_and_never_gets_a_5xx(stack):
     # B asks for 2 of the 4 permits (its fair half): it keeps >= 90% of that.
     light_ok = sum(1 for s, _ in light if s == 200)
     assert light_ok >= 0.9 * len(light), (light_ok, len(light))
+
+
+def _leased(stack) -> list[int]:
+    import redis
+
+    from deployments.permit_leases import keys
+
+    r = redis.Redis.from_url(stack.cfg["redis"]["url"])
+    try:
+        return [int(v) for v in r.hgetall(keys()[0]).values()]
+    finally:
+        r.close()
+
+
+async def _flood(url: str, stop_at: float, loops: int) -> None:
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as c:
+        await asyncio.gather(*(_tenant_loop(c, url, KEY_A, stop_at, 2, []) for _ in range(loops)))
+
+
+def test_two_fronts_together_never_hold_more_permits_than_configured(stack):
+    """Both decode replicas' fronts lease from one pool of 2 x 2 permits."""
+    async def main():
+        stop_at = time.monotonic() + 10
+        flood = asyncio.ensure_future(_flood(stack.url, stop_at, 16))
+        samples = []
+        while time.monotonic() < stop_at:
+            samples.append((await asyncio.to_thread(_leased, stack),
+                            await asyncio.to_thread(permits_in_use, stack, "tenant-a")))
+            await asyncio.sleep(0.1)
+        await flood
+        return samples
+    samples = asyncio.run(main())
+    assert all(len(leases) == 2 for leases, _ in samples)  # one lease per front
+    assert max(sum(leases) for leases, _ in samples) <= 4
+    assert max(in_use for _, in_use in samples) <= 4
+    assert max(in_use for _, in_use in samples) >= 3  # the pool really was busy
+
+
+def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once(stack):
+    async def main():
+        stop_at = time.monotonic() + 8
+        flood = asyncio.ensure_future(_flood(stack.url, stop_at, 16))
+        await asyncio.sleep(3)  # permits busy, service time observed
+        out = []
+        async with httpx.AsyncClient(timeout=30) as c:
+            for _ in range(5):
+                t0 = time.monotonic()
+                r = await c.post(f"{stack.url}/v1/chat/completions", headers={
+                    "authorization": f"Bearer {KEY_B}", "x-baton-deadline-s": "0.05"}, json={
+                    "model": "baton-tiny", "messages": [{"role": "user", "content": "hurry"}],
+                    "max_tokens": 4})
+                out.append((r.status_code, r.json(), time.monotonic() - t0, r.headers.get("retry-after")))
+                await asyncio.sleep(0.2)
+        await flood
+        return out
+    out = asyncio.run(main())
+    refused = [(body, took, ra) for status, body, took, ra in out if status == 429]
+    assert refused, out
+    for body, took, retry_after in refused:
+        assert body["error"]["code"] == "deadline", body  # refused at push, not expired in the queue
+        assert took < 0.05 + 0.5 and int(retry_after) >= 1

@@ -123,3 +123,20 @@ def test_snapshot_reports_gauges_and_counters():
     assert snap.tenants["b"].stats.shed_total == 1
     snap.tenants["b"].stats.shed.clear()  # a copy
     assert adm.stats["b"].shed_total == 1
+
+
+def test_the_start_time_comes_off_the_deadline_so_a_late_request_is_refused_at_once():
+    adm = Admission(cfg())
+    holder = adm.submit("a", None, 0.0)
+    adm.observe_start(1.0)
+    late = adm.submit("b", None, 0.0, deadline_s=0.8)  # cannot see a token within 0.8 s
+    assert late.state is TicketState.SHED and late.reason is ShedReason.DEADLINE
+    ok = adm.submit("b", None, 0.0, deadline_s=3.0)  # 2 s of queueing left
+    assert ok.state is TicketState.QUEUED and ok.deadline == 2.0
+    adm.observe_start(2.0)  # EWMA: 1.0 + 0.2 * (2.0 - 1.0)
+    assert abs(adm.start_time_s - 1.2) < 1e-9
+    adm.release(holder, 0.1)
+    assert ok.state is TicketState.ADMITTED
+    fresh = Admission(cfg())
+    fresh.observe_start(1.0)
+    assert fresh.submit("c", None, 0.0, deadline_s=0.5).admitted  # a free permit is still its best chance
