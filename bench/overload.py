@@ -23,17 +23,19 @@ import asyncio
 import dataclasses
 import json
 import math
+import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from bench import loadgen
 from bench.loadgen import CHAT, RequestSpec
 from bench.stack import StackProcess, bench_workdir, write_config
-from common.constants import REPO_ROOT
+from common.constants import CORPUS, REPO_ROOT
 from common.progress import Progress
 from deployments.admission import max_min_fair_share
 
@@ -42,14 +44,18 @@ SHARES = {"heavy": 10 / 11, "light": 1 / 11}
 MODEL = "baton-tiny"
 
 
-def _specs(rate: float, duration_s: float, seed: int, max_tokens: int, deadline_s: float) -> list[RequestSpec]:
+def _specs(rate: float, duration_s: float, seed: int, max_tokens: int, deadline_s: float,
+           prompt_words: int = 0) -> list[RequestSpec]:
+    vocab = CORPUS.read_text().split()
+    rng = random.Random(seed)
     specs: list[RequestSpec] = []
     for tenant, share in SHARES.items():
         n = max(1, round(rate * share * duration_s))
         for at in loadgen.poisson_arrivals(n, rate * share, seed + len(specs)):
+            words = " ".join(rng.choice(vocab) for _ in range(prompt_words))
             specs.append(RequestSpec(
                 index=len(specs), at_s=at, endpoint=CHAT, session_id=tenant,
-                body={"messages": [{"role": "user", "content": f"{tenant} request {len(specs)}"}],
+                body={"messages": [{"role": "user", "content": f"{tenant} request {len(specs)} {words}"}],
                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
                 headers={"authorization": f"Bearer {KEYS[tenant]}", "x-baton-deadline-s": str(deadline_s)},
                 output_tokens=max_tokens))
@@ -71,6 +77,7 @@ class Outcome:
     tokens: int = 0
     error: str | None = None
     done_s: float = math.nan  # when it ended, seconds from the start of the level
+    first_s: float = math.nan  # when its first token came, seconds from the start of the level
 
     @property
     def ok(self) -> bool:
@@ -117,6 +124,7 @@ async def _send(session: aiohttp.ClientSession, url: str, spec: RequestSpec, mod
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         out.error = f"{type(exc).__name__}: {exc}"[:200]
     out.done_s = time.perf_counter() - t0
+    out.first_s = sent - t0 + out.ttft_s
     return out
 
 
@@ -144,8 +152,8 @@ async def send_open_loop(url: str, specs: list[RequestSpec], model: str = MODEL,
 
 
 def _good(o: Outcome, duration_s: float, slo_ttft_s: float) -> bool:
-    """Succeeded within the TTFT SLO and ended inside the load window."""
-    return o.ok and o.ttft_s <= slo_ttft_s and o.done_s <= duration_s
+    """Succeeded, within the TTFT SLO, and started (first token) inside the load window."""
+    return o.ok and o.ttft_s <= slo_ttft_s and o.first_s <= duration_s
 
 
 def tenant_stats(outcomes: list[Outcome], duration_s: float, slo_ttft_s: float) -> dict[str, dict]:
@@ -178,9 +186,9 @@ def level_stats(x: float, outcomes: list[Outcome], wall_s: float, capacity_rps: 
                 duration_s: float, slo_ttft_s: float) -> dict:
     """One level's summary (``goodput_ratio`` is filled in by `add_ratios`).
 
-    Goodput counts requests that succeeded within the TTFT SLO and ended
-    inside the ``duration_s`` load window, over that window: the engines'
-    work on queued requests after the window is not credited to it.
+    Goodput counts requests that succeeded within the TTFT SLO and saw their
+    first token inside the ``duration_s`` load window, over that window:
+    queued requests the engines start after the window are not credited.
     """
     good = sum(1 for o in outcomes if _good(o, duration_s, slo_ttft_s))
     return {"x": x, "offered_rps": round(capacity_rps * x, 2), "requests": len(outcomes),
@@ -202,15 +210,17 @@ def add_ratios(run_doc: dict) -> dict:
 
 def _calibrate(url: str, replicas: int, args) -> float:
     """Capacity in requests/s: after a warm-up, ``permits`` closed loops of
-    the levels' own requests for ``--calibrate-s`` seconds."""
+    requests like the levels' own (each prompt different, as there) for
+    ``--calibrate-s`` seconds."""
     permits = replicas * args.capacity_per_replica
-    spec = dataclasses.replace(_specs(1.0, 1.0, args.seed, args.max_tokens, 3600)[0], at_s=0.0)
+    pool = iter(_specs(100.0, 60.0, args.seed + 1, args.max_tokens, 3600, args.prompt_words))
 
     async def loops() -> float:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             async def loop(until: float) -> int:
                 n = 0
                 while time.perf_counter() < until:
+                    spec = dataclasses.replace(next(pool), at_s=0.0)
                     n += (await _send(session, url, spec, MODEL, time.perf_counter(), args.timeout)).ok
                 return n
             await asyncio.gather(*(loop(time.perf_counter() + 2) for _ in range(permits)))
@@ -221,11 +231,16 @@ def _calibrate(url: str, replicas: int, args) -> float:
 
 
 def _level(url: str, capacity_rps: float, x: float, args) -> dict:
-    # The queueing deadline is the TTFT SLO: a request that cannot start in
-    # time is told so at once (429) instead of waiting to miss it.
-    specs = _specs(capacity_rps * x, args.duration, args.seed, args.max_tokens, args.slo_ttft)
+    # The deadline header is the TTFT SLO: a request that cannot see its
+    # first token in time is told so at once (429) instead of missing it.
+    specs = _specs(capacity_rps * x, args.duration, args.seed, args.max_tokens, args.slo_ttft,
+                   args.prompt_words)
+    me = psutil.Process()
+    cpu0 = sum(me.cpu_times()[:2])
     outcomes, wall = asyncio.run(send_open_loop(url, specs, timeout_s=args.timeout))
-    return level_stats(x, outcomes, wall, capacity_rps, args.duration, args.slo_ttft)
+    lv = level_stats(x, outcomes, wall, capacity_rps, args.duration, args.slo_ttft)
+    lv["loadgen_cpu_cores"] = round((sum(me.cpu_times()[:2]) - cpu0) / wall, 2)
+    return lv
 
 
 def _say(text: str) -> None:
@@ -281,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ingress (decode) replica counts to measure, one stack each")
     p.add_argument("--mode", choices=("colocated", "disaggregated"), default="colocated",
                    help="colocated: decode replicas also prefill; disaggregated adds 1 prefill replica")
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
+    p.add_argument("--prompt-words", type=int, default=50, help="corpus words per prompt")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO and queueing deadline (s)")
     p.add_argument("--timeout", type=float, default=60.0, help="per request (s)")
     p.add_argument("--capacity-per-replica", type=int, default=4)

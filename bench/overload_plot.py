@@ -10,7 +10,7 @@ from pathlib import Path
 
 TENANTS = ("light", "heavy")
 COLUMNS = ("ingress replicas", "offered x", "offered req/s", "goodput req/s", "goodput ratio",
-           "light % fair", "heavy % fair", "429 (all with Retry-After?)", "5xx")
+           "light % fair", "heavy % fair", "429 (all with Retry-After?)", "5xx", "load generator CPU (cores)")
 
 
 def _fmt(v, spec: str = "g", unit: str = "") -> str:
@@ -38,7 +38,7 @@ def markdown_table(doc: dict) -> str:
             row = [n, f"{lv['x']:g}×", _fmt(lv["offered_rps"], ".1f"), _fmt(lv["goodput_rps"], ".2f"),
                    _fmt(lv["goodput_ratio"], ".2f"), _fmt(t["light"]["pct_of_fair_share"], ".0f", "%"),
                    _fmt(t["heavy"]["pct_of_fair_share"], ".0f", "%"), _rejections(lv),
-                   str(sum(v["5xx"] for v in t.values()))]
+                   str(sum(v["5xx"] for v in t.values())), _fmt(lv.get("loadgen_cpu_cores"), ".2f")]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
