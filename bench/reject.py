@@ -9,7 +9,9 @@ completion request 429. This measures that path three ways:
   keep-alive clients on loopback for a few seconds; the server's CPU time
   (from /proc) divided by the 429s it sent, and the latency clients saw;
 - what refusing before the body saves: reading and validating a typical chat
-  body (about 300 words), which the front skipped for a refused request.
+  body (about 300 words), which the front skipped for a refused request;
+- with ``--paths``, what sharing permits across fronts would add to each
+  admission, per mechanism (bench/admission_paths.py).
 
 No engine, Ray or Redis: the rejection path touches none of them.
 """
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20000, help="in-process calls")
     parser.add_argument("--seconds", type=float, default=5, help="HTTP load duration")
     parser.add_argument("--clients", type=int, default=8, help="keep-alive HTTP clients")
+    parser.add_argument("--paths", action="store_true", help="also time the permit-sharing mechanisms")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -135,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         child.terminate()
         child.wait(10)
+    if args.paths:
+        from bench import admission_paths
+
+        print("permit-sharing mechanisms ...", file=sys.stderr, flush=True)
+        out["sharing"] = admission_paths.measure()
     print(json.dumps(out))
     return 0
 
