@@ -157,6 +157,10 @@ class EngineApp:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.02)
 
+    def running(self) -> int:
+        """Requests in this engine now (waiting or running), whoever sent them."""
+        return 0 if self.engine is None else self.engine.get_num_unfinished_requests()
+
     def errored(self) -> bool:
         return self.engine is None or bool(self.engine.errored)
 

@@ -6,7 +6,9 @@ its own vLLM OpenAI app. For a completion request it
 1. checks the API key (tenant), the body against Baton's strict schema
    (unknown fields and roles are 400s, as in OpenAI's API) and the model;
 2. takes an engine permit from the tenant's fair queue, or answers 429;
-3. routes: colocated runs here; disaggregated renders the prompt once
+3. routes: colocated runs here (or, when this engine is full and the front
+   holds more of the pool's permits than it can run, on a peer's engine);
+   disaggregated renders the prompt once
    (vLLM's template), asks the routing policy for a decode and a prefill
    replica, has the prefill replica compute the KV into Mooncake;
 4. runs decode in this process when the policy chose this replica, else
@@ -36,6 +38,7 @@ from deployments.admission import AsyncAdmission, Shed
 from deployments.metrics import IngressMetrics, merge
 from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError
+from routing.spill import SpillChooser
 
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -75,6 +78,9 @@ class Front:
         self.readiness = readiness  # async () -> (ready, why)
         self.peers = peers  # async () -> live decode replicas' registry entries
         self.model = cfg.model.served_name
+        self.spill = SpillChooser(cfg.admission.capacity_per_replica)  # colocated only
+        self.peer_urls: dict[str, str] = {}
+        metrics.before_render = self.admission_gauges
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -125,6 +131,13 @@ class Front:
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 continue  # a replica going away: its counts leave with it
         return merge(texts)
+
+    def admission_gauges(self) -> None:
+        """Sets this front's admission estimates and permit count in its metrics."""
+        adm, m = self.gate.admission, self.metrics
+        m.estimates.labels(self.replica, "service").set(adm.queue.service_time_s or 0.0)
+        m.estimates.labels(self.replica, "start").set(adm.start_time_s or 0.0)
+        m.leased.labels(self.replica).set(adm.permits.capacity)
 
     # -- request preparation -------------------------------------------------
 
@@ -208,9 +221,12 @@ class Front:
 
     async def _route(self, kind: str, body: dict, tenant: str, session: str | None,
                      info: BatonInfo, request_id: str) -> Route | None:
-        if self.routing is None:  # colocated: this replica serves it
+        if self.routing is None:  # colocated: this replica serves it, unless its engine is full
             info.route, info.decode_only = "colocated", True
-            return None
+            route = self._spill_route()
+            if route is not None:
+                info.route = route.reason
+            return route
         try:
             t0 = time.perf_counter()
             ids = await self.engine.prompt_ids(kind, body)
@@ -238,6 +254,19 @@ class Front:
             else:  # a registry entry without a URL: decode computes the prompt
                 info.decode_only = True
         return route
+
+    def _spill_route(self) -> Route | None:
+        """Colocated: a peer's engine for this request when this one is full (routing/spill.py)."""
+        peer = self.spill.choose(self.engine.running())
+        if peer is None or peer not in self.peer_urls:
+            return None
+        self.spill.started(peer)
+        return Route(peer, None, True, "spill", 0, in_flight={"spill"}, decode_url=self.peer_urls[peer])
+
+    def spill_view(self, peers: dict) -> None:
+        """The other colocated fronts' engines (permit_leases.Peer), after a lease renewal."""
+        self.peer_urls = {f: p.url for f, p in peers.items()}
+        self.spill.update({f: p.running for f, p in peers.items()})
 
     async def _prefill(self, route: Route, ids: list[int], tenant: str, info: BatonInfo,
                        request_id: str) -> None:
@@ -294,6 +323,7 @@ class Front:
                                 f"{exc.retry_after_s} s", "rate_limit_error", code=exc.reason,
                            headers=exc.headers) from None
         self.metrics.queue.observe(time.monotonic() - waited)
+        self.metrics.admitted.labels(tenant).inc()
         self.metrics.permits.labels(tenant).inc()
         return permit
 
@@ -310,9 +340,12 @@ class Front:
         """
         def done(timing: relay.Timing | None) -> None:
             self._release(permit, tenant)
-            if route is not None:
+            if route is not None and self.routing is not None:
                 self.routing.prefill_done(route)
                 self.routing.finished(route)
+            elif route is not None and "spill" in route.in_flight:
+                route.in_flight.discard("spill")
+                self.spill.finished(route.decode_replica)
             if timing is None or timing.status != 200:
                 return
             if timing.first_body is not None and timing.events and permit.ticket.admitted_at is not None:

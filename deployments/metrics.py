@@ -43,6 +43,12 @@ class IngressMetrics:
                                buckets=fine, registry=r)
         self.permits = Gauge("baton_permits_in_use", "engine permits held", ["tenant"], registry=r)
         self.shed = Counter("baton_shed_total", "requests rejected with 429", ["tenant", "reason"], registry=r)
+        self.admitted = Counter("baton_admitted_total", "requests given an engine permit", ["tenant"], registry=r)
+        self.estimates = Gauge("baton_admission_estimate_seconds", "what a front's admission expects: service "
+                               "(permit held), start (admission to first token)", ["replica", "estimate"],
+                               registry=r)
+        self.leased = Gauge("baton_permits_leased", "engine permits this front may grant now", ["replica"],
+                            registry=r)
         self.decisions = Counter("baton_route_decisions_total", "routing decisions",
                                  ["pool", "reason"], registry=r)
         self.repins = Counter("baton_repins_total", "session pins moved to another replica",
@@ -57,6 +63,7 @@ class IngressMetrics:
         for pool in ("prefill", "decode"):
             self.repins.labels(pool)
         self._hits = self._blocks = 0
+        self.before_render = None  # () -> None, set by the front
 
     def record_hit(self, hit_blocks: int, prompt_blocks: int) -> None:
         """Adds one request to the block-weighted hit ratio."""
@@ -75,6 +82,9 @@ class IngressMetrics:
             self.kv_bytes.inc(info.decode_cached_tokens * kv_bytes_per_token)
 
     def render(self) -> bytes:
+        """The exposition text; first runs ``before_render`` (gauges read on demand)."""
+        if self.before_render is not None:
+            self.before_render()
         return generate_latest(self.registry)
 
 

@@ -1,8 +1,9 @@
 """Engine permits shared by every front through Redis leases.
 
-In disaggregated mode any front may send a request to any decode replica, so
-the permits belong to the pool (``capacity_per_replica`` times the live
-fronts, one per decode replica), not to a front. Each front holds a *lease*:
+Any front may send a request to any decode replica's engine (disaggregated:
+by the routing policy; colocated: by spilling, below), so the permits belong
+to the pool (``capacity_per_replica`` times the live fronts, one per decode
+replica), not to a front. Each front holds a *lease*:
 a number of the pool's permits that its local ``Admission`` may grant. A
 request is admitted or refused by the local fair queue alone, so the request
 path never waits for Redis; the leases move in the background:
@@ -17,6 +18,10 @@ shrinks only down to what it has in use. A front's entry expires after
 ``ttl_s`` without a renewal (a dead front gives its permits back; the pool
 shrinks by its share). Time is Redis's own clock, so nodes need not agree.
 
+Colocated fronts also publish their engine's internal URL and running
+requests, so a front holding more permits than its own engine should run
+can spill requests to a peer engine with room (routing/spill.py).
+
 When Redis is slow or gone the front keeps serving from its last lease,
 capped at its even share of the pool (``capacity_per_replica``): every front
 falls back to that at the same time, so together they still hold no more
@@ -28,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
+from typing import NamedTuple
 
 import redis
 
@@ -64,6 +71,13 @@ return {grant, total, redis.call('HGETALL', KEYS[3])}
 """
 
 
+class Peer(NamedTuple):
+    """Another colocated front's engine, as its last renewal published it."""
+
+    url: str  # its internal server
+    running: int  # requests in its engine
+
+
 def keys(pool: str = "decode") -> list[str]:
     """The three hashes of a pool's leases: front -> permits, expiry (ms), demand."""
     return [f"{PREFIX}{pool}:lease", f"{PREFIX}{pool}:expiry", f"{PREFIX}{pool}:demand"]
@@ -78,9 +92,13 @@ class PermitLeases:
     """
 
     def __init__(self, client, front: str, config: AdmissionConfig, gate: AsyncAdmission,
-                 interval_s: float = 0.05, ttl_s: float = 3.0, timeout_s: float = 0.25) -> None:
+                 interval_s: float = 0.05, ttl_s: float = 3.0, timeout_s: float = 0.25,
+                 engine: tuple[str, Callable[[], int]] | None = None,
+                 on_peers: Callable[[dict[str, Peer]], None] | None = None) -> None:
         self.r, self.front, self.config, self.gate = client, front, config, gate
         self.interval_s, self.ttl_s, self.timeout_s = interval_s, ttl_s, timeout_s
+        self.engine = engine  # (internal URL, running requests) of this front's engine, if colocated
+        self.on_peers = on_peers  # gets the other fronts' engines after each renewal
         self.safe = config.capacity_per_replica  # this front's even share of the pool
         self.lease = 0
         self.target = self.safe
@@ -114,12 +132,14 @@ class PermitLeases:
         or timeout, caps the gate at the safe local share instead.
         """
         snap = self.gate.snapshot()
-        demand = {t: s.in_use + s.queue_len for t, s in snap.tenants.items() if s.in_use + s.queue_len}
+        mine: dict = {"t": {t: s.in_use + s.queue_len for t, s in snap.tenants.items() if s.in_use + s.queue_len}}
+        if self.engine is not None:
+            mine["url"], mine["run"] = self.engine[0], self.engine[1]()
         want = max(snap.permits_in_use, self.target)
         try:
             grant, total, flat = await asyncio.wait_for(self._script(
                 keys=keys(), args=[self.front, want, self.safe, int(self.ttl_s * 1000),
-                                   json.dumps(demand)]), self.timeout_s)
+                                   json.dumps(mine)]), self.timeout_s)
         except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
             if not self.degraded:
                 log.warning("permit leases: Redis does not answer (%s); holding at most %d permits",
@@ -127,12 +147,18 @@ class PermitLeases:
             self.degraded = True
             self.lease = min(self.lease, self.safe) if self.lease else self.safe
             self.gate.set_capacity(self.lease, servers=max(1, self.lease))
+            if self.on_peers is not None:
+                self.on_peers({})  # no view of the peers: run on the own engine only
             return
         self.degraded = False
         self.lease, self.total = int(grant), int(total)
         fronts = {_s(flat[i]): json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
-        self.target = plan_targets(self.total, fronts, self.config.weight_of).get(self.front, 0)
+        demand = {f: entry.get("t", {}) for f, entry in fronts.items()}
+        self.target = plan_targets(self.total, demand, self.config.weight_of).get(self.front, 0)
         self.gate.set_capacity(self.lease, servers=max(1, self.lease, self.target))
+        if self.on_peers is not None:
+            self.on_peers({f: Peer(e["url"], int(e.get("run", 0))) for f, e in fronts.items()
+                           if f != self.front and e.get("url")})
 
     async def _loop(self) -> None:
         while True:

@@ -132,16 +132,18 @@ class EngineReplica:
         finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
         client = redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=5)
         routing = None if self.role == "colocated" else RequestRouting(self.cfg, client, self.metrics)
-        # Colocated: a front's permits are its own engine's. Disaggregated: any
-        # front may send to any decode replica, so the fronts lease the pool's
-        # permits from Redis (deployments/permit_leases.py).
+        # Any front may send to any decode replica's engine, so the fronts lease
+        # the pool's permits from Redis (deployments/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
-        if routing is not None:
-            self.leases = PermitLeases(redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=1),
-                                       self.replica, self.cfg.admission, gate)
         readiness = Readiness(self.cfg, client, self.engine)
-        return Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
-                     readiness.check, lambda: readiness.registry.live("decode"))
+        front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
+                      readiness.check, lambda: readiness.registry.live("decode"))
+        colocated = self.role == "colocated"
+        self.leases = PermitLeases(redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=1),
+                                   self.replica, self.cfg.admission, gate,
+                                   engine=(self.url, self.engine.running) if colocated else None,
+                                   on_peers=front.spill_view if colocated else None)
+        return front
 
     def _serve(self, app, sock: socket.socket) -> None:
         server, task = _server(self._counting(app), sock)

@@ -133,3 +133,22 @@ def test_slow_or_lost_redis_degrades_to_safe_local_limits_without_hanging(redis_
     assert degraded and still_degraded
     assert capacity == CAP and capacity_after == CAP  # its even share of the pool, no more
     assert admit_s < 0.05
+
+
+def test_colocated_fronts_see_each_others_engines(redis_url):
+    async def main():
+        client = redis.asyncio.Redis.from_url(redis_url)
+        await client.flushdb()
+        seen: dict[str, dict] = {}
+        _, la = front(client, "a")
+        _, lb = front(client, "b")
+        la.engine, la.on_peers = ("http://a:1", lambda: 3), lambda peers: seen.__setitem__("a", peers)
+        lb.engine, lb.on_peers = ("http://b:2", lambda: 1), lambda peers: seen.__setitem__("b", peers)
+        await la.tick()
+        await lb.tick()
+        await la.tick()
+        await client.aclose()
+        return seen
+    seen = run(main)
+    assert seen["a"] == {"b": ("http://b:2", 1)}
+    assert seen["b"] == {"a": ("http://a:1", 3)}
