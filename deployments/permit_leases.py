@@ -8,7 +8,8 @@ a number of the pool's permits that its local ``Admission`` may grant. A
 request is admitted or refused by the local fair queue alone, so the request
 path never waits for Redis; the leases move in the background:
 
-    every ``interval_s``: publish my demand per tenant, ask for
+    every ``interval_s``: publish my demand per tenant (the permits it would
+    hold: its arrival rate times the service time, or its backlog), ask for
     max(in use, my target) permits, read every front's demand back,
     recompute my target (deployments/admission/lease_plan.py)
 
@@ -33,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -104,6 +107,7 @@ class PermitLeases:
         self.target = self.safe
         self.total = self.safe
         self.degraded = False  # True while Redis does not answer
+        self.offered = OfferedLoad()
         self._script = client.register_script(_LEASE)
         self._task: asyncio.Task | None = None
 
@@ -132,7 +136,10 @@ class PermitLeases:
         or timeout, caps the gate at the safe local share instead.
         """
         snap = self.gate.snapshot()
-        mine: dict = {"t": {t: s.in_use + s.queue_len for t, s in snap.tenants.items() if s.in_use + s.queue_len}}
+        rates = self.offered.update({t: s.stats.submitted for t, s in snap.tenants.items()}, time.monotonic())
+        service = snap.service_time_s or 0.0
+        demand = {t: max(s.in_use + s.queue_len, rates.get(t, 0.0) * service) for t, s in snap.tenants.items()}
+        mine: dict = {"t": {t: round(d, 2) for t, d in demand.items() if d > 0}}
         if self.engine is not None:
             mine["url"], mine["run"] = self.engine[0], self.engine[1]()
         want = max(snap.permits_in_use, self.target)
@@ -155,7 +162,9 @@ class PermitLeases:
         fronts = {_s(flat[i]): json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
         demand = {f: entry.get("t", {}) for f, entry in fronts.items()}
         self.target = plan_targets(self.total, demand, self.config.weight_of).get(self.front, 0)
-        self.gate.set_capacity(self.lease, servers=max(1, self.lease, self.target))
+        # Grant no more than the target: a front over it gives permits back as
+        # its requests finish, instead of handing them to its own queue.
+        self.gate.set_capacity(min(self.lease, self.target), servers=max(1, self.target))
         if self.on_peers is not None:
             self.on_peers({f: Peer(e["url"], int(e.get("run", 0))) for f, e in fronts.items()
                            if f != self.front and e.get("url")})
@@ -169,6 +178,32 @@ class PermitLeases:
                 raise
             except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
                 log.exception("permit leases: tick failed")
+
+
+class OfferedLoad:
+    """Requests per second each tenant sends this front (EWMA over renewals).
+
+    A front's backlog is capped by the deadline, so it says little about how
+    much a tenant asks for; the arrival rate times the service time does
+    (Little's law: the permits the tenant would hold if all were admitted).
+    """
+
+    def __init__(self, time_constant_s: float = 1.0) -> None:
+        self.tau = time_constant_s
+        self.rates: dict[str, float] = {}
+        self._last: dict[str, int] = {}
+        self._at: float | None = None
+
+    def update(self, submitted: dict[str, int], now: float) -> dict[str, float]:
+        """Fold the counts since the last call into the rates; returns them. Changes them."""
+        if self._at is not None and now > self._at:
+            dt = now - self._at
+            alpha = 1 - math.exp(-dt / self.tau)
+            for t, n in submitted.items():
+                rate = (n - self._last.get(t, n)) / dt
+                self.rates[t] = self.rates.get(t, 0.0) + alpha * (rate - self.rates.get(t, 0.0))
+        self._last, self._at = dict(submitted), now
+        return self.rates
 
 
 def _s(v) -> str:

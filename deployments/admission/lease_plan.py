@@ -11,7 +11,8 @@ other front's. From that one view each front computes the same plan:
 3. permits nobody asks for (the pool minus the demand) are spread evenly, so
    a front with an idle moment still admits its next request at once;
 4. fractions are rounded by largest remainder, ties by front name, so the
-   targets are integers that add up to the pool exactly.
+   targets are integers that add up to the pool exactly; a front with
+   requests gets at least one permit while another front has several.
 
 The plan only steers: fronts lease toward their target from the shared
 store, which never grants more than the pool (deployments/permit_leases.py).
@@ -26,19 +27,20 @@ from collections.abc import Callable, Mapping
 from .simulate import max_min_fair_share
 
 
-def plan_targets(total: int, demand: Mapping[str, Mapping[str, int]],
+def plan_targets(total: int, demand: Mapping[str, Mapping[str, float]],
                  weight_of: Callable[[str], float]) -> dict[str, int]:
     """Permits each front should hold: front -> target, summing to ``total``.
 
-    ``demand`` is front -> tenant -> requests in use or queued there (every
-    live front appears, idle ones with an empty mapping). Changes nothing.
+    ``demand`` is front -> tenant -> permits the tenant asks for there (any
+    non-negative number; every live front appears, idle ones with an empty
+    mapping). Changes nothing.
     """
     if total < 0:
         raise ValueError(f"total must be >= 0, got {total}")
     fronts = sorted(demand)
     if not fronts:
         return {}
-    by_tenant: dict[str, int] = {}
+    by_tenant: dict[str, float] = {}
     for per in demand.values():
         for tenant, n in per.items():
             if n > 0:
@@ -52,7 +54,14 @@ def plan_targets(total: int, demand: Mapping[str, Mapping[str, int]],
     spare = max(0.0, total - sum(raw.values()))
     for f in fronts:
         raw[f] += spare / len(fronts)
-    return _round(raw, total)
+    out = _round(raw, total)
+    for f in fronts:  # a front with requests gets at least one permit while another has several
+        if out[f] == 0 and any(n > 0 for n in demand[f].values()):
+            richest = max(fronts, key=lambda g: (out[g], g))
+            if out[richest] > 1:
+                out[richest] -= 1
+                out[f] = 1
+    return out
 
 
 def _round(raw: dict[str, float], total: int) -> dict[str, int]:

@@ -48,3 +48,8 @@ def test_targets_are_whole_and_add_up_to_the_pool(total, demand):
     assert set(plan) == set(demand)
     assert sum(plan.values()) == total
     assert all(v >= 0 for v in plan.values())
+
+
+def test_a_front_with_requests_gets_at_least_one_permit():
+    plan = plan_targets(8, {"a": {"heavy": 190.0, "light": 20.0}, "b": {"heavy": 0.2}}, one)
+    assert plan["b"] == 1 and plan["a"] == 7

@@ -152,3 +152,14 @@ def test_colocated_fronts_see_each_others_engines(redis_url):
     seen = run(main)
     assert seen["a"] == {"b": ("http://b:2", 1)}
     assert seen["b"] == {"a": ("http://a:1", 3)}
+
+
+def test_offered_load_follows_the_arrival_rate():
+    from deployments.permit_leases import OfferedLoad
+
+    load = OfferedLoad(time_constant_s=0.5)
+    n = 0
+    for step in range(100):  # 20 requests/s for 5 s, in 50 ms renewals
+        rates = load.update({"a": n, "b": 0}, step * 0.05)
+        n += 1
+    assert abs(rates["a"] - 20.0) < 0.5 and rates["b"] == 0.0
