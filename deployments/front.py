@@ -59,6 +59,13 @@ async def read_body(receive) -> bytes:
             return b"".join(chunks)
 
 
+def _small_body(scope) -> bool:
+    """Whether the request declares a body small enough to be read already
+    (closing a socket with unread data would reset it before the answer)."""
+    raw = header(scope["headers"], b"content-length")
+    return raw.isdigit() and int(raw) <= 65536
+
+
 async def respond(send, status: int, body: dict | bytes, headers: dict | None = None,
                   content_type: bytes = b"application/json") -> None:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -191,7 +198,8 @@ class Front:
         tenant = self._tenant(scope)
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
-        permit = await self._admit(tenant, self._tier(scope, tenant), self._deadline(scope))
+        permit = await self._admit(tenant, self._tier(scope, tenant), self._deadline(scope),
+                                   _small_body(scope))
         try:
             body = self._parse(kind, await read_body(receive))
         except BaseException:
@@ -313,15 +321,21 @@ class Front:
 
     # -- admission and accounting ----------------------------------------------------
 
-    async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None):
+    async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None, close: bool):
+        """A permit, or APIError 429. ``close``: a refusal also closes the
+        connection, so the client's next request takes a new one, which the
+        kernel may give to another replica: a replica that refuses fast
+        would otherwise get ever more of the traffic over kept-alive
+        connections while its peers sit on long streams."""
         waited = time.monotonic()
         try:
             permit = await self.gate.acquire(tenant, tier, deadline_s)
         except Shed as exc:
             self.metrics.shed.labels(tenant, exc.reason).inc()
+            headers = {**exc.headers, "Connection": "close"} if close else exc.headers
             raise APIError(429, f"Baton is at capacity ({exc.reason}); retry after "
                                 f"{exc.retry_after_s} s", "rate_limit_error", code=exc.reason,
-                           headers=exc.headers) from None
+                           headers=headers) from None
         self.metrics.queue.observe(time.monotonic() - waited)
         self.metrics.admitted.labels(tenant).inc()
         self.metrics.permits.labels(tenant).inc()
