@@ -156,14 +156,20 @@ def _good(o: Outcome, duration_s: float, slo_ttft_s: float) -> bool:
     return o.ok and o.ttft_s <= slo_ttft_s and o.first_s <= duration_s
 
 
+def _served(o: Outcome, duration_s: float) -> bool:
+    """Succeeded and started (first token) inside the load window."""
+    return o.ok and o.first_s <= duration_s
+
+
 def tenant_stats(outcomes: list[Outcome], duration_s: float, slo_ttft_s: float) -> dict[str, dict]:
-    """Per tenant: sent, good (see `_good`), status codes, 429s without
-    Retry-After, 5xx, and good requests/s against the tenant's max-min fair
-    share of what the stack delivered in the window (the sum of good
-    requests/s), so a miscalibrated capacity cannot flatter or hurt fairness."""
+    """Per tenant: sent, served (see `_served`), good (also within the SLO),
+    status codes, 429s without Retry-After, 5xx, and served requests/s
+    against the tenant's max-min fair share of what the stack served in the
+    window (the sum of served requests/s), so a miscalibrated capacity can
+    neither flatter nor hurt fairness; the SLO is goodput's business."""
     sent = {t: sum(1 for o in outcomes if o.tenant == t) for t in KEYS}
-    good = {t: sum(1 for o in outcomes if o.tenant == t and _good(o, duration_s, slo_ttft_s)) for t in KEYS}
-    delivered = sum(good.values()) / duration_s
+    served = {t: sum(1 for o in outcomes if o.tenant == t and _served(o, duration_s)) for t in KEYS}
+    delivered = sum(served.values()) / duration_s
     fair = max_min_fair_share({t: sent[t] / duration_s for t in KEYS}, {t: 1.0 for t in KEYS}, delivered)
     out: dict[str, dict] = {}
     for t in KEYS:
@@ -171,14 +177,15 @@ def tenant_stats(outcomes: list[Outcome], duration_s: float, slo_ttft_s: float) 
         codes: dict[str, int] = {}
         for o in mine:
             codes[str(o.status)] = codes.get(str(o.status), 0) + 1
-        out[t] = {"sent": sent[t], "succeeded": sum(1 for o in mine if o.ok), "good": good[t],
+        out[t] = {"sent": sent[t], "succeeded": sum(1 for o in mine if o.ok), "served": served[t],
+                  "good": sum(1 for o in mine if _good(o, duration_s, slo_ttft_s)),
                   "status_codes": dict(sorted(codes.items())),
                   "rejected_429": sum(1 for o in mine if o.status == 429),
                   "429_without_retry_after": sum(1 for o in mine if o.status == 429 and not o.retry_after),
                   "5xx": sum(1 for o in mine if 500 <= o.status < 600),
                   "failed_after_200": sum(1 for o in mine if o.status == 200 and not o.ok),
-                  "share_of_good": round(good[t] / max(1, sum(good.values())), 3),
-                  "pct_of_fair_share": round(100 * good[t] / duration_s / fair[t], 1) if fair[t] else None}
+                  "share_of_served": round(served[t] / max(1, sum(served.values())), 3),
+                  "pct_of_fair_share": round(100 * served[t] / duration_s / fair[t], 1) if fair[t] else None}
     return out
 
 

@@ -13,7 +13,7 @@ wait estimate, so deadlines are checked against what the engines really do.
 
 A deadline is the time by which the request should see its first token, not
 merely leave the queue: the start time (admission to first token, an EWMA
-fed by ``observe_start``) is taken off it before queueing, so a request is
+fed by ``observe_start``, plus four deviations) is taken off it before queueing, so a request is
 queued only while it can still start in time, and refused at once otherwise.
 
 Pure and not thread-safe: time comes in as ``now``; ``AsyncAdmission`` is the
@@ -48,6 +48,7 @@ class Admission:
         )
         self.stats: dict[str, TenantStats] = {}
         self.start_time_s: float | None = None  # EWMA of admission -> first token
+        self.start_dev_s = 0.0  # EWMA of its absolute deviation
         self._ids = itertools.count(1)
 
     # -- requests ------------------------------------------------------------
@@ -66,7 +67,7 @@ class Admission:
         weight = self.config.weight_of(tenant)
         if deadline_s is None:
             deadline_s = self.config.deadline_of(tier)
-        ticket = Ticket(next(self._ids), tenant, tier, weight, now, now + deadline_s - (self.start_time_s or 0.0))
+        ticket = Ticket(next(self._ids), tenant, tier, weight, now, now + deadline_s - self.start_margin_s)
         st = self._stats(tenant)
         st.submitted += 1
         if len(self.queue) == 0 and deadline_s > 0 and self.permits.try_acquire(ticket, tenant):
@@ -110,8 +111,19 @@ class Admission:
         """Fold one admission-to-first-token time into the start estimate. Changes it."""
         if seconds < 0:
             return
-        s = self.start_time_s
-        self.start_time_s = seconds if s is None else s + self.config.ewma_alpha * (seconds - s)
+        s, a = self.start_time_s, self.config.ewma_alpha
+        if s is None:
+            self.start_time_s, self.start_dev_s = seconds, seconds / 2
+            return
+        self.start_dev_s += a * (abs(seconds - s) - self.start_dev_s)
+        self.start_time_s = s + a * (seconds - s)
+
+    @property
+    def start_margin_s(self) -> float:
+        """What comes off a deadline before queueing: the start time plus four
+        deviations (as TCP sizes its retransmission timeout), so a request
+        admitted at the last moment still sees its first token in time."""
+        return 0.0 if self.start_time_s is None else self.start_time_s + 4 * self.start_dev_s
 
     def expire(self, now: float) -> list[Ticket]:
         """Shed every queued ticket whose deadline passed. Changes the queue."""

@@ -128,13 +128,14 @@ def test_snapshot_reports_gauges_and_counters():
 def test_the_start_time_comes_off_the_deadline_so_a_late_request_is_refused_at_once():
     adm = Admission(cfg())
     holder = adm.submit("a", None, 0.0)
-    adm.observe_start(1.0)
-    late = adm.submit("b", None, 0.0, deadline_s=0.8)  # cannot see a token within 0.8 s
+    adm.observe_start(1.0)  # start 1.0 s, deviation 0.5 s: margin 1.0 + 4 * 0.5
+    assert adm.start_margin_s == 3.0
+    late = adm.submit("b", None, 0.0, deadline_s=2.9)  # cannot see a token within 2.9 s
     assert late.state is TicketState.SHED and late.reason is ShedReason.DEADLINE
-    ok = adm.submit("b", None, 0.0, deadline_s=3.0)  # 2 s of queueing left
+    ok = adm.submit("b", None, 0.0, deadline_s=5.0)  # 2 s of queueing left
     assert ok.state is TicketState.QUEUED and ok.deadline == 2.0
-    adm.observe_start(2.0)  # EWMA: 1.0 + 0.2 * (2.0 - 1.0)
-    assert abs(adm.start_time_s - 1.2) < 1e-9
+    adm.observe_start(2.0)  # EWMA: 1.0 + 0.2 * (2.0 - 1.0); deviation 0.5 + 0.2 * (1.0 - 0.5)
+    assert abs(adm.start_time_s - 1.2) < 1e-9 and abs(adm.start_margin_s - 3.6) < 1e-9
     adm.release(holder, 0.1)
     assert ok.state is TicketState.ADMITTED
     fresh = Admission(cfg())
