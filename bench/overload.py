@@ -3,7 +3,7 @@
 For each ingress count (``--ingress``, default 1 and 2) starts the real stack
 in colocated mode with that many decode replicas (each decode replica is an
 ingress: it serves the public port), with two tenants (API keys). It measures
-the stack's capacity in requests/s with a closed-loop burst, then offers
+the stack's capacity in requests/s with closed loops at its permit count, then offers
 open-loop Poisson load at each ``--levels`` multiple of it (default 1, 2, 5,
 10, 20): tenant `heavy` sends 10/11 of it, tenant `light` 1/11. For each
 level it records goodput (requests/s that succeed within the TTFT SLO) and
