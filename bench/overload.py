@@ -305,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colocated: decode replicas also prefill; disaggregated adds 1 prefill replica")
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--prompt-words", type=int, default=50, help="corpus words per prompt")
-    p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO and queueing deadline (s)")
+    p.add_argument("--slo-ttft", type=float, default=2.0,
+                   help="TTFT SLO, sent as each request's first-token deadline (s)")
     p.add_argument("--timeout", type=float, default=60.0, help="per request (s)")
     p.add_argument("--capacity-per-replica", type=int, default=4)
     p.add_argument("--calibrate-s", type=float, default=8.0, help="closed-loop capacity measurement (s)")

@@ -238,7 +238,7 @@ class AdmissionConfig(_Strict):
     )
     default_weight: _PositiveFinite = Field(1.0, description="weight of tenants not in tenant_weights")
     tier_deadlines_s: dict[str, _PositiveFinite] = Field(
-        default_factory=dict, description="tier -> its queueing deadline (e.g. batch: 600, for "
+        default_factory=dict, description="tier -> its first-token deadline (e.g. batch: 600, for "
         "deferrable work); other tiers use default_deadline_s",
     )
     ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest service time in the EWMA")
@@ -284,7 +284,7 @@ class AdmissionConfig(_Strict):
         return self.tenant_weights.get(tenant, self.default_weight)
 
     def deadline_of(self, tier: str) -> float:
-        """Default queueing deadline (seconds) of ``tier``; ValueError if unknown."""
+        """Default first-token deadline (seconds) of ``tier``; ValueError if unknown."""
         self._rank(tier)
         return self.tier_deadlines_s.get(tier, self.default_deadline_s)
 
