@@ -75,20 +75,14 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, headers: dict
         if resp.status_code != 200:
             detail = (await resp.aread()).decode(errors="replace")[:300]
             raise RuntimeError(f"HTTP {resp.status_code}: {detail}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
+        async for chunk in loadgen.sse_events(resp.aiter_lines()):
             if err := chunk.get("error"):
                 raise RuntimeError(f"stream error: {err.get('message', err) if isinstance(err, dict) else err}")
             usage = chunk.get("usage") or usage
             if chunk.get("choices") and any_choice is None:
                 any_choice = time.perf_counter()
             for choice in chunk.get("choices") or []:
-                piece = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
+                piece = loadgen.choice_text(choice)
                 if piece:
                     now = time.perf_counter()
                     first = first or now

@@ -26,7 +26,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import AsyncIterable, AsyncIterator, Iterable, Sequence
 
 from common.constants import CORPUS, SESSION_HEADER, TRACE_BLOCK_TOKENS
 from common.stats import percentile
@@ -217,6 +217,23 @@ def synthetic_workload(kind: str, n: int, rate: float | None = None, seed: int =
 
 
 # -- statistics -------------------------------------------------------------------
+
+
+async def sse_events(lines: AsyncIterable[str | bytes]) -> AsyncIterator[dict]:
+    """The JSON events of an OpenAI SSE stream, given its lines, up to `[DONE]`."""
+    async for raw in lines:
+        line = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def choice_text(choice: dict) -> str | None:
+    """The text one streamed choice adds (chat delta content or completion text)."""
+    return (choice.get("delta") or {}).get("content") or choice.get("text")
 
 
 def within_slo(r: RequestResult, slo_ttft_s: float, slo_tpot_s: float) -> bool:

@@ -76,7 +76,6 @@ class Outcome:
     ttft_s: float = math.nan
     tokens: int = 0
     error: str | None = None
-    done_s: float = math.nan  # when it ended, seconds from the start of the level
     first_s: float = math.nan  # when its first token came, seconds from the start of the level
 
     @property
@@ -85,19 +84,12 @@ class Outcome:
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, out: Outcome, sent: float) -> None:
-    async for raw in resp.content:
-        line = raw.decode(errors="replace").strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        chunk = json.loads(data)
+    async for chunk in loadgen.sse_events(resp.content):
         if err := chunk.get("error"):
             out.error = f"stream error: {err}"[:200]
             return
         for choice in chunk.get("choices") or []:
-            if (choice.get("delta") or {}).get("content") or choice.get("text"):
+            if loadgen.choice_text(choice):
                 out.tokens += 1
                 if math.isnan(out.ttft_s):
                     out.ttft_s = time.perf_counter() - sent
@@ -123,7 +115,6 @@ async def _send(session: aiohttp.ClientSession, url: str, spec: RequestSpec, mod
         out.error = f"timeout after {timeout_s:g}s"
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         out.error = f"{type(exc).__name__}: {exc}"[:200]
-    out.done_s = time.perf_counter() - t0
     out.first_s = sent - t0 + out.ttft_s
     return out
 

@@ -22,8 +22,8 @@ from common.constants import REPO_ROOT
 
 def _outcomes(tenant: str, ok: int = 0, r429: int = 0, bare429: int = 0, r5xx: int = 0,
               slow: int = 0) -> list[Outcome]:
-    out = [Outcome(tenant, 200, ttft_s=0.1, tokens=3, done_s=1.0, first_s=0.5) for _ in range(ok)]
-    out += [Outcome(tenant, 200, ttft_s=9.0, tokens=3, done_s=1.0, first_s=0.5) for _ in range(slow)]
+    out = [Outcome(tenant, 200, ttft_s=0.1, tokens=3, first_s=0.5) for _ in range(ok)]
+    out += [Outcome(tenant, 200, ttft_s=9.0, tokens=3, first_s=0.5) for _ in range(slow)]
     out += [Outcome(tenant, 429, retry_after=True, error="shed") for _ in range(r429)]
     out += [Outcome(tenant, 429, retry_after=False, error="shed") for _ in range(bare429)]
     out += [Outcome(tenant, 503, error="down") for _ in range(r5xx)]
@@ -68,8 +68,8 @@ def test_tenant_stats_counts_rejections_and_fair_share_of_what_was_delivered():
 
 def test_level_stats_goodput_counts_only_successes_within_the_slo_and_the_window():
     outs = _outcomes("heavy", ok=8, slow=4, r429=5) + _outcomes("light", ok=2)
-    outs.append(Outcome("light", 200, ttft_s=0.1, tokens=3, done_s=2.5, first_s=2.1))  # started after the window
-    outs.append(Outcome("light", 200, ttft_s=0.1, tokens=3, done_s=2.5, first_s=1.9))  # started inside: counts
+    outs.append(Outcome("light", 200, ttft_s=0.1, tokens=3, first_s=2.1))  # started after the window
+    outs.append(Outcome("light", 200, ttft_s=0.1, tokens=3, first_s=1.9))  # started inside: counts
     lv = level_stats(2, outs, wall_s=3.0, capacity_rps=5.0, duration_s=2.0, slo_ttft_s=2.0)
     assert lv["goodput_rps"] == 5.5 and lv["offered_rps"] == 10.0 and lv["requests"] == 21
     assert lv["goodput_ratio"] is None and set(lv["tenants"]) == {"heavy", "light"}
