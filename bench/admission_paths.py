@@ -19,15 +19,14 @@ Each figure is the wall time per admission (or per renewal) on an idle loop.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import redis.asyncio
 
 from common.config import AdmissionConfig
-from common.processes import free_ports, port_open
+from common.processes import free_ports, redis_process
 from deployments.admission import Admission, AsyncAdmission
 
 _ACQUIRE = """
@@ -37,17 +36,6 @@ redis.call('INCR', KEYS[1])
 return 1
 """
 _RELEASE = "return redis.call('DECR', KEYS[1])"
-
-
-def _redis_server(directory: str) -> tuple[subprocess.Popen, str]:
-    port = free_ports(1)[0]
-    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--bind", "127.0.0.1",
-                             "--port", str(port), "--save", "", "--appendonly", "no", "--dir", directory],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
 
 
 async def _redis_paths(url: str, n: int) -> dict:
@@ -112,11 +100,13 @@ def _actor_path(n: int) -> float:
 def measure(n: int = 2000) -> dict:
     """The three figures of the module docstring, in microseconds."""
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = _redis_server(tmp)
+        port = free_ports(1)[0]
+        server = redis_process("127.0.0.1", port, Path(tmp), Path(tmp) / "redis.log")
+        server.start()
         try:
-            out = asyncio.run(_redis_paths(url, n))
+            server.wait_ready(10)
+            out = asyncio.run(_redis_paths(f"redis://127.0.0.1:{port}/0", n))
         finally:
-            proc.terminate()
-            proc.wait(10)
+            server.stop()
     out["actor_per_request_us"] = round(_actor_path(n) * 1e6, 1)
     return out

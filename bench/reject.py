@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 
@@ -29,7 +28,8 @@ import aiohttp
 import psutil
 
 from common.config import AdmissionConfig, BatonConfig
-from common.processes import free_ports, port_open
+from bench.stack import bench_workdir
+from common.processes import ManagedProcess, free_ports
 from common.stats import percentile
 from deployments.admission import Admission, AsyncAdmission
 from deployments.front import Front
@@ -130,14 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     print("in process ...", file=sys.stderr, flush=True)
     out = {"in_process": asyncio.run(_in_process(args.calls))}
     port = free_ports(1)[0]
-    child = subprocess.Popen([sys.executable, "-m", "bench.reject", "--serve", str(port)])
+    child = ManagedProcess("refusing-front", [sys.executable, "-m", "bench.reject", "--serve", str(port)],
+                           bench_workdir("bench-reject") / "front.log", ready_port=("127.0.0.1", port))
+    child.start()
     try:
-        _wait_port(port)
+        child.wait_ready(30)
         print(f"over HTTP, {args.clients} clients, {args.seconds:g} s ...", file=sys.stderr, flush=True)
         out["http"] = asyncio.run(_http(port, child.pid, args.seconds, args.clients))
     finally:
-        child.terminate()
-        child.wait(10)
+        child.stop()
     if args.paths:
         from bench import admission_paths
 
@@ -145,14 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         out["sharing"] = admission_paths.measure()
     print(json.dumps(out))
     return 0
-
-
-def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while not port_open("127.0.0.1", port):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the refusing front did not start")
-        time.sleep(0.05)
 
 
 if __name__ == "__main__":

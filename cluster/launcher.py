@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 from cluster import tiny_model
 from common.config import BatonConfig
-from common.processes import ManagedProcess
+from common.processes import ManagedProcess, redis_process
 from cluster.rollout import rollout
 from cluster.warmup_server import WarmupServer
 from common.constants import RAY_NAMESPACE
@@ -52,13 +51,8 @@ class LocalStack:
 
     def _redis(self) -> None:
         url = urlparse(self.cfg.redis.url)
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise FileNotFoundError("redis-server not installed (apt-get install redis-server)")
-        argv = [binary, "--bind", url.hostname or "127.0.0.1", "--port", str(url.port or 6379),
-                "--save", "", "--appendonly", "no", "--dir", str(self.state_dir)]
-        self._spawn(ManagedProcess("redis", argv, self.log_dir / "redis.log",
-                                   ready_port=(url.hostname or "127.0.0.1", url.port or 6379)))
+        self._spawn(redis_process(url.hostname or "127.0.0.1", url.port or 6379, self.state_dir,
+                                  self.log_dir / "redis.log"))
 
     def _mooncake(self) -> Path:
         self._spawn(mooncake.master_process(self.cfg.mooncake, self.log_dir))

@@ -8,6 +8,7 @@ goes to a log file per child under the state directory.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,3 +122,13 @@ class ManagedProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text[-lines:])
+
+
+def redis_process(host: str, port: int, directory: Path, log_path: Path) -> ManagedProcess:
+    """A redis-server on host:port without persistence (not yet started)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server not installed (apt-get install redis-server)")
+    argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(directory)]
+    return ManagedProcess("redis", argv, log_path, ready_port=(host, port))

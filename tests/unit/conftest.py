@@ -2,47 +2,32 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import time
 
 import pytest
 
-from common.processes import free_ports, port_open
+from common.processes import ManagedProcess, free_ports, redis_process
 
 
-def start_redis(directory) -> tuple[subprocess.Popen, str]:
+def start_redis(directory) -> tuple[ManagedProcess, str]:
     """A fresh redis-server on a free loopback port, without persistence; (process, URL)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (make install does that)")
     port = free_ports(1)[0]
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", str(directory)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
-
-
-def stop_redis(proc: subprocess.Popen) -> None:
-    """Ends the server this test started (by its own handle), if it still runs."""
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(10)
+    server = redis_process("127.0.0.1", port, directory, directory / "redis.log")
+    server.start()
+    server.wait_ready(10)
+    return server, f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
+    server, url = start_redis(tmp_path_factory.mktemp("redis"))
     yield url
-    stop_redis(proc)
+    server.stop()
 
 
 @pytest.fixture
-def redis_proc(tmp_path):
-    """A server of this test's own, which the test may kill: (process, URL)."""
-    proc, url = start_redis(tmp_path)
-    yield proc, url
-    stop_redis(proc)
+def redis_proc(tmp_path) -> tuple[subprocess.Popen, str]:
+    """A server of this test's own, which the test may stop or kill: (process, URL)."""
+    server, url = start_redis(tmp_path)
+    yield server.proc, url
+    server.stop()
