@@ -39,7 +39,6 @@ class Admission:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
         self.config = config
-        self.replicas = replicas
         self.permits = Permits(config.capacity_per_replica * replicas)
         self.queue: TieredQueue[Ticket] = TieredQueue(
             config.tiers, config.max_queue_per_tenant, config.max_queue_total,
@@ -132,22 +131,12 @@ class Admission:
             self._shed(t, ShedReason.EXPIRED, self._retry_hint(t))
         return dead
 
-    def set_replicas(self, replicas: int, now: float) -> Handoff:
-        """Resize the permit pool to ``replicas * capacity_per_replica``.
-
-        Growing hands the new permits to queued tickets (returned); shrinking
-        revokes nothing, it only stops new grants until in-use falls below.
-        """
-        if replicas < 0:
-            raise ValueError(f"replicas must be >= 0, got {replicas}")
-        self.replicas = replicas
-        return self.set_capacity(self.config.capacity_per_replica * replicas, now)
-
     def set_capacity(self, permits: int, now: float, servers: int | None = None) -> Handoff:
         """Resize the permit pool to ``permits`` (a lease from a shared pool).
 
-        Same rules as ``set_replicas``: growing hands permits to the queue,
-        shrinking revokes nothing. ``servers`` (default ``permits``) is the
+        Growing hands the new permits to queued tickets (returned); shrinking
+        revokes nothing, it only stops new grants until in-use falls below
+        the new size. ``servers`` (default ``permits``) is the
         number of permits the queue's wait estimate counts on: a front whose
         lease is about to grow passes its target.
         """

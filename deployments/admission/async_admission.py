@@ -116,10 +116,6 @@ class AsyncAdmission:
         finally:
             permit.release()
 
-    def set_replicas(self, replicas: int) -> None:
-        """Resize the permit pool and wake whoever the new permits go to."""
-        self._wake(self.admission.set_replicas(replicas, self._clock()))
-
     def observe_start(self, seconds: float) -> None:
         """One admission-to-first-token time, for the deadline check (``Admission``)."""
         self.admission.observe_start(seconds)

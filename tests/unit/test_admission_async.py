@@ -153,13 +153,13 @@ def test_slot_releases_on_exit_and_tolerates_early_release():
     asyncio.run(main())
 
 
-def test_set_replicas_wakes_waiters():
+def test_set_capacity_wakes_waiters():
     async def main():
         g = gate()
         p1 = await g.acquire("a")
         waiter = asyncio.create_task(g.acquire("b"))
         await settle()
-        g.set_replicas(2)
+        g.set_capacity(2)
         p2 = await waiter
         assert g.admission.permits.in_use == 2
         p1.release()

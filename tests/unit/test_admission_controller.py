@@ -98,12 +98,12 @@ def test_displaced_tickets_come_back_on_the_submitted_ticket():
     assert h1.state is TicketState.QUEUED
 
 
-def test_set_replicas_hands_new_permits_to_the_queue():
+def test_set_capacity_hands_new_permits_to_the_queue():
     adm = Admission(cfg(capacity_per_replica=2), replicas=1)
     ts = [adm.submit("a", None, 0.0) for _ in range(5)]
-    assert adm.set_replicas(2, 1.0).admitted == ts[2:4]
+    assert adm.set_capacity(4, 1.0).admitted == ts[2:4]
     assert adm.queue.servers == 4 and adm.permits.in_use == 4
-    assert not adm.set_replicas(1, 2.0)  # shrink: nobody loses a permit
+    assert not adm.set_capacity(2, 2.0)  # shrink: nobody loses a permit
     assert adm.permits.in_use == 4 and adm.permits.free == 0
     assert adm.release(ts[0], 3.0).admitted == []  # 3 in use, capacity 2
     assert adm.release(ts[1], 3.0).admitted == []  # 2 in use
