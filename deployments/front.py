@@ -182,14 +182,13 @@ class Front:
             raise APIError(400, f"{DEADLINE_HEADER} must be in (0, 3600]", param=DEADLINE_HEADER)
         return value
 
-    def _tier(self, scope, tenant: str) -> str | None:
-        raw = header(scope["headers"], TIER_HEADER.encode())
-        if not raw:
-            return None
-        try:
-            return self.cfg.admission.tier_of(tenant, raw)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param=TIER_HEADER) from None
+    def _tier(self, scope) -> str | None:
+        """The requested tier (admission lowers it to the tenant's if higher); 400 if unknown."""
+        raw = header(scope["headers"], TIER_HEADER.encode()) or None
+        tiers = self.cfg.admission.tiers
+        if raw is not None and raw not in tiers:
+            raise APIError(400, f"{TIER_HEADER} must be one of {tiers}", param=TIER_HEADER)
+        return raw
 
     # -- the request path -----------------------------------------------------
 
@@ -198,7 +197,7 @@ class Front:
         tenant = self._tenant(scope)
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
-        permit = await self._admit(tenant, self._tier(scope, tenant), self._deadline(scope),
+        permit = await self._admit(tenant, self._tier(scope), self._deadline(scope),
                                    _small_body(scope))
         try:
             body = self._parse(kind, await read_body(receive))

@@ -29,6 +29,7 @@ from actors.openai_app import EngineApp
 from common import tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
+from deployments.autoscaling import METRIC
 
 STARTUP_TIMEOUT_S = 900
 
@@ -109,8 +110,7 @@ class EngineReplica:
             front = self._front(finished)
         self._serve(internal_app(self.engine, finished, self.metrics), inner)
         if front is not None:
-            if self.leases is not None:
-                await self.leases.start()
+            await self.leases.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url})
@@ -139,6 +139,8 @@ class EngineReplica:
         front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
                       readiness.check, lambda: readiness.registry.live("decode"))
         colocated = self.role == "colocated"
+        # A client of their own: a renewal that times out drops its connection,
+        # which must not be one a routing read is using.
         self.leases = PermitLeases(redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=1),
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self.engine.running) if colocated else None,
@@ -164,7 +166,7 @@ class EngineReplica:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metric (deployments/autoscaling.py)."""
-        return {"ongoing": float(self.in_flight)}
+        return {METRIC: float(self.in_flight)}
 
     async def check_health(self) -> None:
         """Serve's health probe: raises if the engine or a server died."""
