@@ -24,8 +24,16 @@ def front(client, name: str, **kw) -> tuple[AsyncAdmission, PermitLeases]:
     return gate, PermitLeases(client, name, cfg, gate, **kw)
 
 
-def run(fn):
-    return asyncio.run(asyncio.wait_for(fn(), 60))
+def run(url: str, fn, **client_kw):
+    """Runs ``fn(client)`` on an emptied Redis with a client of its own, bounded in time."""
+    async def main():
+        client = redis.asyncio.Redis.from_url(url, **client_kw)
+        await client.flushdb()
+        try:
+            return await fn(client)
+        finally:
+            await client.aclose()
+    return asyncio.run(asyncio.wait_for(main(), 60))
 
 
 async def _hammer(gate: AsyncAdmission, tenant: str, n: int, rng: random.Random, done: list) -> None:
@@ -41,9 +49,7 @@ async def _hammer(gate: AsyncAdmission, tenant: str, n: int, rng: random.Random,
 
 
 def test_two_fronts_never_hold_more_permits_than_the_pool(redis_url):
-    async def main():
-        client = redis.asyncio.Redis.from_url(redis_url)
-        await client.flushdb()
+    async def main(client):
         (ga, la), (gb, lb) = front(client, "a", interval_s=0.01), front(client, "b", interval_s=0.01)
         await la.start()
         await lb.start()
@@ -64,9 +70,8 @@ def test_two_fronts_never_hold_more_permits_than_the_pool(redis_url):
         await watcher
         await la.stop()
         await lb.stop()
-        await client.aclose()
         return peak, leased_peak, len(done), la.total
-    peak, leased_peak, done, total = run(main)
+    peak, leased_peak, done, total = run(redis_url, main)
     assert total == 2 * CAP
     assert leased_peak <= 2 * CAP
     assert peak <= 2 * CAP
@@ -75,9 +80,7 @@ def test_two_fronts_never_hold_more_permits_than_the_pool(redis_url):
 
 
 def test_a_front_that_stops_renewing_gives_its_permits_back(redis_url):
-    async def main():
-        client = redis.asyncio.Redis.from_url(redis_url)
-        await client.flushdb()
+    async def main(client):
         (ga, la), (_, lb) = front(client, "a", ttl_s=0.3), front(client, "b", ttl_s=0.3)
         await la.tick()
         await lb.tick()
@@ -86,16 +89,14 @@ def test_a_front_that_stops_renewing_gives_its_permits_back(redis_url):
         await asyncio.sleep(0.4)  # b is gone: no renewal within its TTL
         await la.tick()
         after = la.total
-        await client.aclose()
         return before, after
-    assert run(main) == (2 * CAP, CAP)
+    assert run(redis_url, main) == (2 * CAP, CAP)
 
 
 def test_slow_or_lost_redis_degrades_to_safe_local_limits_without_hanging(redis_proc):
     proc, url = redis_proc
 
-    async def main():
-        client = redis.asyncio.Redis.from_url(url, socket_timeout=1)
+    async def main(client):
         gate, leases = front(client, "a", timeout_s=0.2)
         _, other = front(client, "b")
         await leases.tick()
@@ -124,10 +125,10 @@ def test_slow_or_lost_redis_degrades_to_safe_local_limits_without_hanging(redis_
         t0 = time.monotonic()
         await leases.tick()
         gone_tick = time.monotonic() - t0
-        await client.aclose()
         return grown, slow_tick, degraded, capacity, admit_s, gone_tick, leases.degraded, \
             gate.admission.permits.capacity
-    grown, slow_tick, degraded, capacity, admit_s, gone_tick, still_degraded, capacity_after = run(main)
+    out = run(url, main, socket_timeout=1)
+    grown, slow_tick, degraded, capacity, admit_s, gone_tick, still_degraded, capacity_after = out
     assert grown > CAP
     assert slow_tick < 1.0 and gone_tick < 1.0
     assert degraded and still_degraded
@@ -136,9 +137,7 @@ def test_slow_or_lost_redis_degrades_to_safe_local_limits_without_hanging(redis_
 
 
 def test_colocated_fronts_see_each_others_engines(redis_url):
-    async def main():
-        client = redis.asyncio.Redis.from_url(redis_url)
-        await client.flushdb()
+    async def main(client):
         seen: dict[str, dict] = {}
         _, la = front(client, "a")
         _, lb = front(client, "b")
@@ -147,9 +146,8 @@ def test_colocated_fronts_see_each_others_engines(redis_url):
         await la.tick()
         await lb.tick()
         await la.tick()
-        await client.aclose()
         return seen
-    seen = run(main)
+    seen = run(redis_url, main)
     assert seen["a"] == {"b": ("http://b:2", 1)}
     assert seen["b"] == {"a": ("http://a:1", 3)}
 
