@@ -95,7 +95,7 @@ class PermitLeases:
     """
 
     def __init__(self, client, front: str, config: AdmissionConfig, gate: AsyncAdmission,
-                 interval_s: float = 0.05, ttl_s: float = 3.0, timeout_s: float = 0.25,
+                 interval_s: float = 0.05, ttl_s: float = 10.0, timeout_s: float = 0.25,
                  engine: tuple[str, Callable[[], int]] | None = None,
                  on_peers: Callable[[dict[str, Peer]], None] | None = None) -> None:
         self.r, self.front, self.config, self.gate = client, front, config, gate
