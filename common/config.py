@@ -115,6 +115,11 @@ class PoolConfig(_Strict):
         description="KV cache per engine in GiB; null sizes it from gpu_memory_utilization",
     )
     max_ongoing_requests: int = Field(64, ge=1, description="Serve concurrency cap per replica")
+    start_timeout_s: float = Field(
+        900, gt=0,
+        description="a replica whose engine is not serving this long after it started fails, and Serve "
+        "starts another in its place (an engine start that hangs is retried, not waited on forever)",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="environment of this pool's engine processes, e.g. {VLLM_CPU_OMP_THREADS_BIND: '0'} "

@@ -19,6 +19,7 @@ it from there. The constructor returns only when both servers listen.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 import threading
@@ -30,9 +31,6 @@ from common import tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
 from deployments.autoscaling import METRIC
-
-STARTUP_TIMEOUT_S = 900
-
 
 def replica_id() -> str:
     try:
@@ -91,7 +89,14 @@ class EngineReplica:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="baton-engine-loop", daemon=True)
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(STARTUP_TIMEOUT_S)
+        timeout = getattr(self.cfg, self.pool).start_timeout_s
+        started = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        try:
+            started.result(timeout)
+        except concurrent.futures.TimeoutError:
+            started.cancel()
+            raise RuntimeError(f"{role} replica {self.replica}: engine not serving after {timeout:.0f} s "
+                               f"({self.pool}.start_timeout_s); Serve replaces this replica") from None
 
     async def _start(self) -> None:
         from deployments.internal import internal_app
