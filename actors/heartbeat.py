@@ -16,7 +16,7 @@ from routing.redis_state import Registry, registry_key
 
 class Heartbeat:
     def __init__(self, cfg: BatonConfig, pool: str, replica: str, info: dict):
-        self.client = redis.Redis.from_url(cfg.redis.url, socket_timeout=2)
+        self.client = cfg.redis.client(socket_timeout=2)
         self.pool, self.replica, self.info = pool, replica, info
         self.interval = cfg.routing.heartbeat_s
         self._stop = threading.Event()

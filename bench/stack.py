@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from cluster import loopback
 from common.constants import REPO_ROOT
 from common.processes import free_ports
 
@@ -128,7 +129,8 @@ class StackProcess:
         )
         name = f"SERVE_REPLICA::baton#{deployment}#{replica}"
         subprocess.run([sys.executable, "-c", code, state["ray_address"], name], check=True,
-                       timeout=60, env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True)
+                       timeout=60, env={**os.environ, "RAY_AUTH_MODE": "token", **loopback.ray_env()},
+                       capture_output=True)
 
     def tail(self, n: int = 60) -> str:
         try:

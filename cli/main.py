@@ -1,4 +1,4 @@
-"""The `baton` command: up, down, status, model and bench."""
+"""The `baton` command: up, down, status, keys, model and bench."""
 
 from __future__ import annotations
 
@@ -106,6 +106,33 @@ def cmd_model(args) -> int:
     return tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
 
 
+def cmd_keys(args) -> int:
+    """API keys kept in Redis (deployments/api_keys.py); fronts see a change within a second or two."""
+    from deployments import api_keys
+
+    if args.action != "list" and not args.value:
+        print(f"baton keys {args.action}: needs a {'tenant' if args.action == 'add' else 'key'}", file=sys.stderr)
+        return 2
+    if args.action == "hash":
+        print(api_keys.hash_key(args.value))
+        return 0
+    cfg, _ = _load(args)
+    client = cfg.redis.client(socket_timeout=5)
+    if args.action == "add":
+        print(api_keys.add(client, args.value))  # the only time the key is shown
+        print(f"issued for tenant {args.value!r}; only its hash is stored", file=sys.stderr)
+        return 0
+    if args.action == "revoke":
+        if api_keys.revoke(client, args.value):
+            print("revoked", file=sys.stderr)
+            return 0
+        print("no such key (or the hash prefix matches several)", file=sys.stderr)
+        return 1
+    for digest, tenant in api_keys.listing(client):
+        print(f"{digest}...  {tenant}")
+    return 0
+
+
 BENCHES = ("serve", "load", "affinity", "overload", "reject", "router", "kv")
 
 
@@ -135,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     dp = sub.add_parser("deploy", add_help=False,
                         help="deploy the app onto a running Ray cluster (docs/deploy.md)")
     dp.set_defaults(fn=cmd_deploy)
+    ks = sub.add_parser("keys", help="API keys: add TENANT | revoke KEY-OR-HASH | list | hash KEY")
+    ks.add_argument("action", choices=["add", "revoke", "list", "hash"])
+    ks.add_argument("value", nargs="?", default="")
+    ks.set_defaults(fn=cmd_keys)
     md = sub.add_parser("model", help="generate the default tiny model")
     md.add_argument("--force", action="store_true")
     md.set_defaults(fn=cmd_model)

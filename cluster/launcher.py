@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cluster import tiny_model
+from cluster import loopback, tiny_model
 from common.config import BatonConfig
 from common.processes import ManagedProcess, redis_process
 from cluster.rollout import rollout
@@ -36,10 +36,11 @@ class LocalStack:
         self.source = config_source
         self.state_dir = cfg.state_path()
         self.log_dir = self.state_dir / "logs"
-        self.progress = progress or Progress(total=6)
+        self.progress = progress or Progress(total=7)
         self.children: list[ManagedProcess] = []
         self.ray_started = False
         self._restarted: dict[str, float] = {}
+        self._loopback_env: dict[str, str] = {}
 
     # -- steps ------------------------------------------------------------------
 
@@ -54,9 +55,17 @@ class LocalStack:
         self._spawn(redis_process(url.hostname or "127.0.0.1", url.port or 6379, self.state_dir,
                                   self.log_dir / "redis.log"))
 
+    def _loopback(self) -> None:
+        """Everything this stack starts listens on loopback (cluster/loopback), but the public port if asked."""
+        s = self.cfg.serve
+        public = () if loopback.is_loopback(s.host) else (s.port,)
+        self._loopback_env = loopback.env(public)
+
     def _mooncake(self) -> Path:
-        self._spawn(mooncake.master_process(self.cfg.mooncake, self.log_dir))
-        self._spawn(mooncake.store_process(self.cfg.mooncake, self.log_dir))
+        for proc in (mooncake.master_process(self.cfg.mooncake, self.log_dir),
+                     mooncake.store_process(self.cfg.mooncake, self.log_dir)):
+            proc.env.update(self._loopback_env)
+            self._spawn(proc)
         return mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")
 
     def _ray(self) -> None:
@@ -73,6 +82,8 @@ class LocalStack:
             # process that must not yield the CPU (measured: the load's own
             # client otherwise outranks the engine on a small machine).
             os.environ.setdefault("RAY_worker_niceness", "0")
+            # Ray's one-machine mode: node IP 127.0.0.1, so every Ray server binds loopback.
+            loopback.use_local_ray()
             ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
                      include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING")
         self.ray_started = True
@@ -86,7 +97,7 @@ class LocalStack:
         serve.start(proxy_location="Disabled")
         warmup = WarmupServer(self.cfg.serve.host, self.cfg.serve.port).start()
         try:
-            rollout(build_app(self.cfg, worker_cfg), self.progress, ENGINE_WARMUP_TIMEOUT_S)
+            rollout(build_app(self.cfg, worker_cfg, self._loopback_env), self.progress, ENGINE_WARMUP_TIMEOUT_S)
         finally:
             warmup.stop()
 
@@ -104,6 +115,9 @@ class LocalStack:
         try:
             with p.step("default model"):
                 self._model()
+            with p.step("loopback shim"):
+                if not self.cfg.ray.address:
+                    self._loopback()
             with p.step("redis"):
                 if self.cfg.redis.start_local:
                     self._redis()
@@ -127,6 +141,7 @@ class LocalStack:
             "config": self.source,
             "started": time.time(),
             "ray_address": ray.get_runtime_context().gcs_address,
+            "ray_session_dir": ray._private.worker._global_node.get_session_dir_path(),
             "children": {c.name: c.pid for c in self.children},
             "url": f"http://{self.cfg.serve.host}:{self.cfg.serve.port}",
         }

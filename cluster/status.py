@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from common.config import BatonConfig, parse_size
 from common.constants import APP_NAME, RAY_NAMESPACE
+from cluster import loopback
 from cluster.launcher import state_file
 from common.processes import pid_alive
 from kvstore import health as kv_health
@@ -27,10 +28,8 @@ class Component:
 
 
 def _redis(cfg: BatonConfig) -> Component:
-    import redis
-
     try:
-        redis.Redis.from_url(cfg.redis.url, socket_timeout=2).ping()
+        cfg.redis.client(socket_timeout=2).ping()
         return Component("redis", "healthy", cfg.redis.url)
     except Exception as exc:  # noqa: BLE001
         return Component("redis", "down", str(exc))
@@ -62,6 +61,8 @@ def _http(url: str) -> Component:
 def _serve(address: str) -> list[Component]:
     # `baton up` started Ray with token auth (Ray's default); use its token.
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if address.startswith("127."):  # a `baton up` stack: Ray in its one-machine mode
+        loopback.use_local_ray()
     import ray
     from ray import serve
 

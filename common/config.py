@@ -12,6 +12,7 @@ as YAML scalars, so `true`, `2` and `0.5` keep their types.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -165,6 +166,30 @@ class MooncakeConfig(_Strict):
 class RedisConfig(_Strict):
     url: str = Field("redis://127.0.0.1:6390/0", description="Redis used for routing state")
     start_local: bool = Field(True, description="start a redis-server for this URL on `up`")
+    password_file: str | None = Field(
+        None, description="file holding Redis's password (its `requirepass`), read by every Baton "
+        "process that connects; the ray up YAMLs set it (docs/security.md). Env BATON_REDIS_PASSWORD "
+        "overrides it.",
+    )
+
+    def password(self) -> str | None:
+        """Redis's password from BATON_REDIS_PASSWORD or `password_file`; None without either."""
+        if os.environ.get("BATON_REDIS_PASSWORD"):
+            return os.environ["BATON_REDIS_PASSWORD"]
+        if self.password_file:
+            try:
+                return Path(self.password_file).expanduser().read_text().strip() or None
+            except OSError as exc:
+                raise ConfigError(f"redis.password_file {self.password_file}: {exc.strerror}") from None
+        return None
+
+    def client(self, asynchronous: bool = False, **kwargs):
+        """A new redis-py client for `url`, authenticated when a password is set; connects lazily."""
+        import redis
+        import redis.asyncio
+
+        cls = redis.asyncio.Redis if asynchronous else redis.Redis
+        return cls.from_url(self.url, password=self.password(), **kwargs)
 
 
 class ServeConfig(_Strict):
@@ -176,12 +201,29 @@ class ServeConfig(_Strict):
         "docs/security.md)",
     )
     request_timeout_s: float = Field(300, gt=0, description="hard deadline for one request")
+    require_api_key: bool = Field(
+        False, description="answer 401 to requests without a valid API key (on in the ray up YAMLs)"
+    )
     api_keys: dict[str, str] = Field(
-        default_factory=dict, description="API key -> tenant; empty disables auth"
+        default_factory=dict,
+        description="`sha256:<hex>` hash of an API key -> its tenant (`baton keys hash KEY` prints it); "
+        "`baton keys add` keeps keys in Redis instead, added and revoked without a restart",
     )
-    anonymous_tenant: str | None = Field(
-        None, description="tenant of requests without a key when api_keys is set; null answers 401"
+    anonymous_tenant: str = Field(
+        "default", min_length=1, description="tenant of requests without a key, when keys are not required"
     )
+    max_body_bytes: int = Field(16 * 2**20, gt=0, description="larger request bodies get a 413")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hashed_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, tenant in v.items():
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", key):
+                raise ValueError("keys are stored hashed: put what `baton keys hash <key>` prints there, "
+                                 "never the key itself")
+            if not tenant:
+                raise ValueError(f"{key[:15]}...: empty tenant")  # the hash's prefix only
+        return v
 
 
 class TracingConfig(_Strict):

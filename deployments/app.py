@@ -25,9 +25,10 @@ def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
     return {"MOONCAKE_CONFIG_PATH": str(mooncake_config)} if mooncake_config else {}
 
 
-def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, *bound):
+def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, env: dict[str, str],
+          *bound):
     options = pool.resources.ray_actor_options()
-    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **pool.env}}
+    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(
         name=name,
@@ -40,10 +41,13 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
     ).bind(cfg.model_dump(), role, *bound)
 
 
-def build_app(cfg: BatonConfig, mooncake_config: Path | None) -> Application:
-    """The bound application; `mooncake_config` is the workers' JSON file."""
+def build_app(cfg: BatonConfig, mooncake_config: Path | None, env: dict[str, str] | None = None) -> Application:
+    """The bound application; `mooncake_config` is the workers' JSON file, `env` the engines' environment."""
+    env = env or {}
     if cfg.colocated:
-        return _pool(cfg, "colocated", cfg.decode, None)
-    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config)
-    indexer = KVIndexer.bind(cfg.model_dump())
-    return _pool(cfg, "decode", cfg.decode, mooncake_config, prefill, indexer)
+        return _pool(cfg, "colocated", cfg.decode, None, env)
+    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config, env)
+    # Its Serve replica runs a gRPC server of Ray's that binds a wildcard, as the engines' do.
+    indexer = KVIndexer.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
+    indexer = indexer.bind(cfg.model_dump())
+    return _pool(cfg, "decode", cfg.decode, mooncake_config, env, prefill, indexer)

@@ -31,7 +31,7 @@ import redis
 from actors.finisher import COMPLETION_PATHS, INFO_HEADER, error_code, header
 from common import tracing
 from common.config import BatonConfig
-from common.constants import DEADLINE_HEADER, DEFAULT_TENANT, REQUEST_ID_HEADER, SESSION_HEADER, TIER_HEADER
+from common.constants import DEADLINE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, TIER_HEADER
 from common.response import BatonInfo
 from deployments import relay, schemas
 from deployments.admission import AsyncAdmission, Shed
@@ -40,11 +40,36 @@ from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError
 from routing.spill import SpillChooser
 
-MAX_BODY_BYTES = 16 * 2**20
+DRAIN_FACTOR = 4  # an oversized body is read and dropped up to this many times the limit
 
 
-async def read_body(receive) -> bytes:
-    """The whole request body; 413 past MAX_BODY_BYTES, ConnectionError if the client left."""
+async def _drain(receive, size: int, limit: int) -> None:
+    """Reads and drops the rest of a refused body, so the client reads the 413
+    instead of a reset; stops (and the connection closes) past DRAIN_FACTOR x limit."""
+    more = True
+    while more and size <= DRAIN_FACTOR * limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body over {limit} bytes (serve.max_body_bytes)", code="request_too_large",
+                    headers={"Connection": "close"})
+
+
+async def check_length(scope, receive, limit: int) -> None:
+    """A 413 before anything else when the declared Content-Length is over `limit`."""
+    raw = header(scope["headers"], b"content-length")
+    if raw.isdigit() and int(raw) > limit:
+        await _drain(receive, 0, limit)
+        raise _too_large(limit)
+
+
+async def read_body(receive, limit: int) -> bytes:
+    """The whole request body; 413 past `limit` bytes, ConnectionError if the client left."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -52,8 +77,11 @@ async def read_body(receive) -> bytes:
             raise ConnectionError("client went away")
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        if size > limit:
+            chunks.clear()
+            if message.get("more_body"):
+                await _drain(receive, size, limit)
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
@@ -79,8 +107,9 @@ class Front:
     """ASGI app: the public endpoint of one replica (see the module docstring)."""
 
     def __init__(self, cfg: BatonConfig, replica: str, engine, local_app, routing: RequestRouting | None,
-                 gate: AsyncAdmission, metrics: IngressMetrics, session, readiness, peers):
+                 gate: AsyncAdmission, metrics: IngressMetrics, session, readiness, peers, keys: KeyTable):
         self.cfg, self.replica, self.engine, self.local = cfg, replica, engine, local_app
+        self.keys = keys
         self.routing, self.gate, self.metrics, self.http = routing, gate, metrics, session
         self.readiness = readiness  # async () -> (ready, why)
         self.peers = peers  # async () -> live decode replicas' registry entries
@@ -149,16 +178,22 @@ class Front:
     # -- request preparation -------------------------------------------------
 
     def _tenant(self, scope) -> str:
-        keys = self.cfg.serve.api_keys
-        if not keys:
-            return DEFAULT_TENANT
+        """The request's tenant, from its API key (deployments/api_keys.py); 401 if the key is wrong,
+        or missing where keys are required. With no keys issued and none required, any key is anonymous."""
+        s = self.cfg.serve
         auth = header(scope["headers"], b"authorization")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        if not token and self.cfg.serve.anonymous_tenant:
-            return self.cfg.serve.anonymous_tenant
-        if token not in keys:
-            raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
-        return keys[token]
+        if not token:
+            if s.require_api_key:
+                raise APIError(401, "Missing API key: send `Authorization: Bearer <key>`",
+                               code="invalid_api_key")
+            return s.anonymous_tenant
+        tenant = self.keys.tenant(token)
+        if tenant is not None:
+            return tenant
+        if self.keys.empty and not s.require_api_key:
+            return s.anonymous_tenant
+        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
 
     def _parse(self, kind: str, raw: bytes) -> dict:
         """The validated body as a dict; APIError(4xx) when it is not acceptable."""
@@ -195,12 +230,14 @@ class Front:
     async def _completion(self, scope, receive, send) -> None:
         kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
         tenant = self._tenant(scope)
+        limit = self.cfg.serve.max_body_bytes
+        await check_length(scope, receive, limit)
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
         permit = await self._admit(tenant, self._tier(scope), self._deadline(scope),
                                    _small_body(scope))
         try:
-            body = self._parse(kind, await read_body(receive))
+            body = self._parse(kind, await read_body(receive, limit))
         except BaseException:
             self._release(permit, tenant)
             raise

@@ -19,6 +19,8 @@ from dataclasses import asdict
 
 from common import tracing
 
+PREFILL_MAX_BODY_BYTES = 64 * 2**20  # prompt token ids of the longest context, with room
+
 
 def internal_app(engine, finished_app, metrics=None):
     """ASGI app: /baton/prefill on `engine`, /baton/metrics, the rest to `finished_app`."""
@@ -30,7 +32,7 @@ def internal_app(engine, finished_app, metrics=None):
             return await respond(send, 200, metrics.render() if metrics else b"", content_type=b"text/plain")
         if scope["type"] == "http" and scope["path"] == "/baton/prefill":
             try:
-                req = json.loads(await read_body(receive) or b"{}")
+                req = json.loads(await read_body(receive, PREFILL_MAX_BODY_BYTES) or b"{}")
                 ids = [int(t) for t in req["prompt_token_ids"]]
             except (ValueError, KeyError, TypeError, APIError) as exc:
                 return await respond(send, 400, {"error": f"bad prefill request: {exc}"})

@@ -36,7 +36,7 @@ class EventLoop:
         from vllm.distributed.kv_events import KVEventBatch
 
         r = cfg.routing
-        self.redis = redis.Redis.from_url(cfg.redis.url, socket_timeout=5)
+        self.redis = cfg.redis.client(socket_timeout=5)
         self.writer = IndexWriter(self.redis)
         self.timeout_s = r.replica_timeout_s
         self.translator = EventTranslator(cfg.model.block_size)

@@ -86,6 +86,7 @@ class EngineReplica:
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
         self.leases = None
+        self.keys = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="baton-engine-loop", daemon=True)
         self.thread.start()
@@ -116,15 +117,16 @@ class EngineReplica:
         self._serve(internal_app(self.engine, finished, self.metrics), inner)
         if front is not None:
             await self.leases.start()
+            await self.keys.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url})
 
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""
-        import redis.asyncio
 
         from deployments.admission import Admission, AsyncAdmission
+        from deployments.api_keys import KeyStore
         from deployments.front import Front
         from deployments.metrics import IngressMetrics, kv_bytes_per_token
         from deployments.permit_leases import PermitLeases
@@ -135,18 +137,19 @@ class EngineReplica:
         bs = self.cfg.model.block_size
         kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
         finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
-        client = redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=5)
+        client = self.cfg.redis.client(asynchronous=True, socket_timeout=5)
         routing = None if self.role == "colocated" else RequestRouting(self.cfg, client, self.metrics)
         # Any front may send to any decode replica's engine, so the fronts lease
         # the pool's permits from Redis (deployments/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
         readiness = Readiness(self.cfg, client, self.engine)
+        self.keys = KeyStore(self.cfg.serve.api_keys, client)
         front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
-                      readiness.check, lambda: readiness.registry.live("decode"))
+                      readiness.check, lambda: readiness.registry.live("decode"), self.keys.table)
         colocated = self.role == "colocated"
         # A client of their own: a renewal that times out drops its connection,
         # which must not be one a routing read is using.
-        self.leases = PermitLeases(redis.asyncio.Redis.from_url(self.cfg.redis.url, socket_timeout=1),
+        self.leases = PermitLeases(self.cfg.redis.client(asynchronous=True, socket_timeout=1),
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self.engine.running) if colocated else None,
                                    on_peers=front.spill_view if colocated else None)

@@ -16,6 +16,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
+MAX_MESSAGES = 4096  # per chat request; more is a 400, never an out-of-memory
+
+
 class APIError(Exception):
     """An error answered to the client as `{"error": {...}}` with `status`."""
 
@@ -125,7 +128,7 @@ class _Sampling(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

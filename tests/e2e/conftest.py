@@ -13,6 +13,7 @@ import pytest
 from common.processes import pid_alive
 from bench.stack import StackProcess, write_config
 from common.constants import REPO_ROOT as REPO
+from deployments.api_keys import hash_key
 
 
 PIN_TTL_S = 10
@@ -27,7 +28,7 @@ def stack(tmp_path_factory):
         workdir,
         decode={"replicas": 2},
         routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
-        serve={"api_keys": {KEY_A: "tenant-a", KEY_B: "tenant-b"}, "anonymous_tenant": "default"},
+        serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
     s.start()

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from deployments.api_keys import hash_key
 from tests.e2e.conftest import KEY_A
 
 # Bounded schemas: the tiny model's free text holds control characters that
@@ -93,7 +94,7 @@ def colocated_stack(tmp_path_factory):
     from bench.stack import StackProcess, write_config
 
     s = StackProcess(write_config(tmp_path_factory.mktemp("colocated"), colocated=True,
-                                  serve={"api_keys": {KEY_A: "tenant-a"}}))
+                                  serve={"api_keys": {hash_key(KEY_A): "tenant-a"}, "require_api_key": True}))
     s.start()
     yield s
     assert s.stop() == 0, s.tail()
@@ -123,3 +124,16 @@ def test_agent_case_matches_vllm_serve(baton_client, expected, case):
 def test_forced_tool_call_has_json_arguments(expected):
     name, args = expected["forced_tool_call"]
     assert name == "get_weather" and isinstance(args, dict) and set(args) == {"city"}
+
+
+def test_keys_required_refuses_no_key_and_wrong_key(colocated_stack):
+    """With `require_api_key`, a keyless request and a wrong key both get a 401 in OpenAI's shape."""
+    import httpx
+
+    body = {"model": "baton-tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    url = f"{colocated_stack.url}/v1/chat/completions"
+    for headers in ({}, {"authorization": "Bearer wrong-key"}):
+        r = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (headers, r.text)
+    ok = httpx.post(url, json=body, headers={"authorization": f"Bearer {KEY_A}"}, timeout=60)
+    assert ok.status_code == 200, ok.text
