@@ -6,12 +6,12 @@ EXTRAS ?= cpu
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.baton-installed-$(EXTRAS)
-APT_PKGS := libibverbs1 librdmacm1 libnuma1 redis-server procps
+APT_PKGS := libibverbs1 librdmacm1 libnuma1 redis-server procps gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install sysdeps venv model serve test test-unit test-e2e test-cluster down status clean
+.PHONY: install sysdeps venv shim model serve test test-unit test-e2e test-cluster down status clean
 
-install: sysdeps $(STAMP) model
+install: sysdeps $(STAMP) shim model
 
 sysdeps:
 	@echo "==> [1/3] system packages: $(APT_PKGS)"
@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml
 	@# torchvision & co. break `import transformers` next to the CPU torch; text models never need them.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
+
+# The LD_PRELOAD shim that keeps the local stack's listeners on loopback (cluster/loopback).
+shim: $(STAMP)
+	@$(BIN)/python -c "from cluster import loopback; print('    loopback shim:', loopback.build())"
 
 model: $(STAMP)
 	@echo "==> [3/3] default model"

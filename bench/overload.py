@@ -38,6 +38,7 @@ from bench.stack import StackProcess, bench_workdir, write_config
 from common.constants import CORPUS, REPO_ROOT
 from common.progress import Progress
 from deployments.admission import max_min_fair_share
+from deployments.api_keys import hash_key
 
 KEYS = {"heavy": "key-heavy", "light": "key-light"}
 SHARES = {"heavy": 10 / 11, "light": 1 / 11}
@@ -252,7 +253,7 @@ def measure_ingress(replicas: int, args, progress: Progress) -> dict:
     stack = StackProcess(write_config(
         workdir, colocated=args.mode == "colocated", tracing={"exporter": "none"},
         decode={"replicas": replicas},
-        serve={"api_keys": {KEYS["heavy"]: "heavy", KEYS["light"]: "light"}},
+        serve={"api_keys": {hash_key(KEYS["heavy"]): "heavy", hash_key(KEYS["light"]): "light"}},
         admission={"capacity_per_replica": args.capacity_per_replica}))
     with progress.step(f"ingress {replicas}: start the stack ({args.mode})"):
         stack.start()

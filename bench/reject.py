@@ -28,6 +28,7 @@ import aiohttp
 import psutil
 
 from common.config import AdmissionConfig, BatonConfig
+from deployments.api_keys import KeyTable, hash_key
 from bench.stack import bench_workdir
 from common.processes import ManagedProcess, free_ports
 from common.stats import percentile
@@ -41,11 +42,12 @@ KEY = "key-bench"
 
 def _front() -> Front:
     """A front with its one permit held and no queue: every completion is refused."""
-    cfg = BatonConfig.model_validate({"serve": {"api_keys": {KEY: "bench"}}})
+    cfg = BatonConfig.model_validate({"serve": {"api_keys": {hash_key(KEY): "bench"}}})
     gate = AsyncAdmission(Admission(AdmissionConfig(capacity_per_replica=1, max_queue_per_tenant=0,
                                                     max_queue_total=0)))
     gate.admission.submit("holder", None, time.monotonic(), 3600)  # holds the only permit
-    return Front(cfg, "bench", None, None, None, gate, IngressMetrics(), None, None, None)
+    return Front(cfg, "bench", None, None, None, gate, IngressMetrics(), None, None, None,
+                 KeyTable(cfg.serve.api_keys))
 
 
 def _body() -> bytes:

@@ -1,4 +1,4 @@
-"""The `baton` command: up, down, status, keys, model and bench."""
+"""The `baton` command: up, down, status, keys, secrets, model and bench."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from common.config import ConfigError, load_config
 from common.processes import pid_alive
@@ -133,6 +134,14 @@ def cmd_keys(args) -> int:
     return 0
 
 
+def cmd_secrets(args) -> int:
+    from cluster import secrets
+
+    for name, path in secrets.ensure(Path(args.dir)).items():
+        print(f"{name}: {path}")
+    return 0
+
+
 BENCHES = ("serve", "load", "affinity", "overload", "reject", "router", "kv")
 
 
@@ -166,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ks.add_argument("action", choices=["add", "revoke", "list", "hash"])
     ks.add_argument("value", nargs="?", default="")
     ks.set_defaults(fn=cmd_keys)
+    se = sub.add_parser("secrets", help="make the Ray token and Redis password a `ray up` cluster needs")
+    se.add_argument("--dir", default=str(Path("~/.baton/secrets")))
+    se.set_defaults(fn=cmd_secrets)
     md = sub.add_parser("model", help="generate the default tiny model")
     md.add_argument("--force", action="store_true")
     md.set_defaults(fn=cmd_model)

@@ -37,55 +37,9 @@ from deployments import relay, schemas
 from deployments.admission import AsyncAdmission, Shed
 from deployments.metrics import IngressMetrics, merge
 from deployments.request_routing import RequestRouting, Route
+from deployments.bodies import check_length, read_body
 from deployments.schemas import APIError
 from routing.spill import SpillChooser
-
-DRAIN_FACTOR = 4  # an oversized body is read and dropped up to this many times the limit
-
-
-async def _drain(receive, size: int, limit: int) -> None:
-    """Reads and drops the rest of a refused body, so the client reads the 413
-    instead of a reset; stops (and the connection closes) past DRAIN_FACTOR x limit."""
-    more = True
-    while more and size <= DRAIN_FACTOR * limit:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        size += len(message.get("body", b""))
-        more = message.get("more_body", False)
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"request body over {limit} bytes (serve.max_body_bytes)", code="request_too_large",
-                    headers={"Connection": "close"})
-
-
-async def check_length(scope, receive, limit: int) -> None:
-    """A 413 before anything else when the declared Content-Length is over `limit`."""
-    raw = header(scope["headers"], b"content-length")
-    if raw.isdigit() and int(raw) > limit:
-        await _drain(receive, 0, limit)
-        raise _too_large(limit)
-
-
-async def read_body(receive, limit: int) -> bytes:
-    """The whole request body; 413 past `limit` bytes, ConnectionError if the client left."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionError("client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            chunks.clear()
-            if message.get("more_body"):
-                await _drain(receive, size, limit)
-            raise _too_large(limit)
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
 
 def _small_body(scope) -> bool:
     """Whether the request declares a body small enough to be read already

@@ -24,7 +24,8 @@ PREFILL_MAX_BODY_BYTES = 64 * 2**20  # prompt token ids of the longest context, 
 
 def internal_app(engine, finished_app, metrics=None):
     """ASGI app: /baton/prefill on `engine`, /baton/metrics, the rest to `finished_app`."""
-    from deployments.front import read_body, respond
+    from deployments.bodies import read_body
+    from deployments.front import respond
     from deployments.schemas import APIError
 
     async def app(scope, receive, send):

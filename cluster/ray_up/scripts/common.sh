@@ -93,6 +93,16 @@ wait_port() {
     die "$name is not listening on $host:$port after ${timeout}s; log: $BATON_NODE_DIR/logs/$name.log"
 }
 
+# pin_env IP: the `env ...` words that pin a process's wildcard binds to IP
+# (cluster/loopback: Mooncake's servers bind 0.0.0.0 whatever their flags say,
+# so a preloaded shim moves them onto the node's private IP or loopback).
+pin_env() {
+    local lib=$BATON_VENV/lib/baton/libbaton_bind_loopback.so
+    [ -f "$lib" ] || "$BATON_VENV/bin/python" -c 'from cluster import loopback; loopback.build()' >/dev/null \
+        || die "cannot build the bind shim $lib (make install builds it)"
+    echo "env LD_PRELOAD=$lib BATON_BIND_ADDRESS=$1 MC_TCP_BIND_ADDRESS=$1"
+}
+
 # The Mooncake store (mooncake_client) of this node, pointing at the head's
 # master and metadata server. $1: head IP, $2: this node's IP. Uses the
 # variables set by load_config_env; BATON_STORE_SEGMENT (per node type)
@@ -126,6 +136,8 @@ start_store() {
         offload_env=(env "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH=$dir")
         log "store offload tier: $dir"
     fi
-    start_daemon mooncake-store "${offload_env[@]}" "${args[@]}"
+    local pin
+    read -ra pin <<<"$(pin_env "$me")"
+    start_daemon mooncake-store "${pin[@]}" "${offload_env[@]}" "${args[@]}"
     wait_port mooncake-store "$me" "$MOONCAKE_STORE_PORT" 60
 }

@@ -27,23 +27,34 @@ load_config_env "$HEAD_IP"
 log "head $HEAD_IP, config ${BATON_CONFIG}"
 
 if [ "$BATON_REDIS_START" = true ]; then
-    # Bound to the private IP and loopback; the cluster's security group /
-    # firewall keeps it private (protected mode would refuse the workers).
+    # Bound to the private IP and loopback, and with a password when the
+    # config names a password file (redis.password_file; the cloud YAMLs do):
+    # the password goes into a 0600 config file, never onto the command line.
     REDIS_BIND=("$HEAD_IP")
     [ "$HEAD_IP" = 127.0.0.1 ] || REDIS_BIND+=(127.0.0.1)
-    start_daemon redis "$(command -v redis-server || die 'redis-server not installed')" \
+    REDIS_CONF=$BATON_NODE_DIR/redis.conf
+    (umask 077 && : >"$REDIS_CONF")
+    if [ -n "$BATON_REDIS_PASSWORD_FILE" ]; then
+        [ -s "$BATON_REDIS_PASSWORD_FILE" ] || die "redis.password_file $BATON_REDIS_PASSWORD_FILE is missing or empty (baton secrets makes it)"
+        printf 'requirepass "%s"\n' "$(tr -d '\n' <"$BATON_REDIS_PASSWORD_FILE")" >"$REDIS_CONF"
+        log "redis requires the password in $BATON_REDIS_PASSWORD_FILE"
+    else
+        log "warning: redis without a password (set redis.password_file; docs/security.md)"
+    fi
+    start_daemon redis "$(command -v redis-server || die 'redis-server not installed')" "$REDIS_CONF" \
         --bind "${REDIS_BIND[@]}" --port "$BATON_REDIS_PORT" --protected-mode no \
         --save '' --appendonly no --dir "$BATON_NODE_DIR"
     wait_port redis "$HEAD_IP" "$BATON_REDIS_PORT" 30
 fi
 
-start_daemon mooncake-master "$(venv_bin mooncake_master)" \
+read -ra PIN <<<"$(pin_env "$HEAD_IP")"
+start_daemon mooncake-master "${PIN[@]}" "$(venv_bin mooncake_master)" \
     "--rpc_port=$MOONCAKE_MASTER_PORT" \
     "--rpc_address=$HEAD_IP" \
     "--enable_http_metadata_server=true" \
-    "--http_metadata_server_host=0.0.0.0" \
+    "--http_metadata_server_host=$HEAD_IP" \
     "--http_metadata_server_port=$MOONCAKE_METADATA_PORT" \
-    "--metrics_host=0.0.0.0" \
+    "--metrics_host=$HEAD_IP" \
     "--metrics_port=$MOONCAKE_MASTER_METRICS_PORT" \
     "--enable_offload=$MOONCAKE_ENABLE_OFFLOAD" \
     "--logtostderr"

@@ -50,6 +50,15 @@ fi
 # `ray` on PATH for Ray's own commands (ray stop/start, the autoscaler).
 grep -q 'baton/.venv/bin' "$HOME/.bashrc" 2>/dev/null \
     || echo "export PATH=\"$BATON_VENV/bin:\$PATH\"" >>"$HOME/.bashrc"
+# Ray token authentication for every Ray process and driver of this node
+# (ray start, the autoscaler, `baton deploy`), with the token the cluster YAML
+# mounts from the launching machine (`baton secrets`; docs/security.md).
+SECRETS=$HOME/.baton/secrets
+[ -s "$SECRETS/ray_auth_token" ] && [ -s "$SECRETS/redis_password" ] \
+    || die "$SECRETS/{ray_auth_token,redis_password} missing: run \`baton secrets\` before \`ray up\`"
+chmod 700 "$SECRETS" && chmod 600 "$SECRETS"/*
+grep -q 'RAY_AUTH_MODE=token' "$HOME/.bashrc" 2>/dev/null \
+    || echo "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=\"$SECRETS/ray_auth_token\"" >>"$HOME/.bashrc"
 
 if [ "$NVME" = true ]; then
     mnt=/mnt/baton-nvme
