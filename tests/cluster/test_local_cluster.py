@@ -51,6 +51,8 @@ from cluster.ray_up import local_node
 from cluster.ray_up.local_provider import cluster_dir
 from common.constants import REPO_ROOT as REPO
 from common.processes import free_ports
+from deployments.api_keys import hash_key
+from routing.redis_state import registry_key
 
 LOCAL_YAML = REPO / "cluster" / "ray_up" / "local.yaml"
 PYTHON = sys.executable
@@ -60,6 +62,18 @@ UP_TIMEOUT_S = 240
 DEPLOY_TIMEOUT_S = 420
 SCALE_TIMEOUT_S = 300
 REPLICA_START_TIMEOUT_S = 420
+API_KEY = "cluster-test-key"  # the deploy config requires keys, as cluster/ray_up/baton/cluster.yaml does
+
+# A Ray driver that reports whether it got in; run without the cluster's token.
+INTRUDER = r"""
+import sys
+import ray
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+    print("CONNECTED", ray.get(ray.remote(lambda: 1).remote()), flush=True)
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc)[:300], flush=True)
+"""
 
 PROBE = r"""
 import json, sys
@@ -108,16 +122,18 @@ class LocalCluster:
                 "replicas": 1, "kv_cache_gb": 1,
                 "resources": {"num_gpus": 0, "accelerator_type": "L4", "resources": {"decode": 1}},
             },
-            "serve": {"port": p[0]},
-            "redis": {"url": f"redis://127.0.0.1:{p[1]}/0"},
+            "serve": {"port": p[0], "require_api_key": True, "api_keys": {hash_key(API_KEY): "tenant-a"}},
+            "redis": {"url": f"redis://127.0.0.1:{p[1]}/0", "password_file": str(self.work / "redis_password")},
             "mooncake": {"global_segment_size": "512MB", "master_port": p[2], "metadata_port": p[3],
                          "master_metrics_port": p[4], "store_port": p[5], "store_http_port": p[6]},
             "routing": {"events_port": p[7]},
             "state_dir": str(self.work / "state"),
             "ray": {"address": "auto"},
         }))
+        self.redis_port = p[1]
         token = self.work / "auth_token"
         token.write_text(secrets.token_hex(32))
+        (self.work / "redis_password").write_text(secrets.token_hex(32))
         self.env = {
             **os.environ,
             "BATON_CONFIG": str(self.config),  # head_start.sh and the deploy read it
@@ -279,7 +295,7 @@ def _chat(port: int, content: str, max_tokens: int, timeout: float = 120) -> dic
     body = json.dumps({"model": "baton-tiny", "max_tokens": max_tokens, "temperature": 0,
                        "messages": [{"role": "user", "content": content}]}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback
         return json.loads(r.read())
 
@@ -314,6 +330,38 @@ def test_placement_and_chat(cluster):
     reply = _chat(cluster.serve_port, "Say hello to the cluster.", max_tokens=8)
     assert reply["choices"][0]["message"]["content"], reply
     assert reply["usage"]["completion_tokens"] > 0
+
+
+def test_unauthenticated_clients_are_refused(cluster):
+    """Ray without the cluster's token and Redis without its password get nothing;
+    the same clients with them (the probe, the deploy, the replicas) work."""
+    import redis
+
+    bare = redis.Redis(host="127.0.0.1", port=cluster.redis_port, socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        bare.ping()
+    bare.close()
+    authed = redis.Redis(host="127.0.0.1", port=cluster.redis_port, socket_timeout=5,
+                         password=(cluster.work / "redis_password").read_text().strip())
+    assert authed.ping() and authed.hlen(registry_key("decode")) >= 1
+    authed.close()
+
+    wrong = cluster.work / "wrong_token"
+    wrong.write_text(secrets.token_hex(32))
+    home = cluster.work / "intruder-home"  # no ~/.ray/auth_token to fall back on
+    home.mkdir(exist_ok=True)
+    base = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    for label, extra in (("no token", {}), ("wrong token", {"RAY_AUTH_MODE": "token",
+                                                            "RAY_AUTH_TOKEN_PATH": str(wrong)})):
+        env = {**base, **extra, "HOME": str(home), "RAY_gcs_rpc_server_reconnect_timeout_s": "10"}
+        try:
+            out = subprocess.run([PYTHON, "-c", INTRUDER, cluster.address], cwd=REPO, env=env,
+                                 capture_output=True, text=True, timeout=90).stdout
+        except subprocess.TimeoutExpired:
+            out = "REFUSED (still waiting for the GCS after 90 s)"
+        assert "CONNECTED" not in out, f"{label}: a Ray driver got in:\n{out}"
+        print(f"Ray driver with {label}: {out.strip()[:200]}")
+    assert cluster.probe()["nodes"], "the driver with the token must still get in"
 
 
 def test_prefill_autoscales_decode_untouched(cluster):
