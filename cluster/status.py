@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+from urllib.parse import urlparse
 from dataclasses import asdict, dataclass
 
 from common.config import BatonConfig, parse_size
@@ -30,7 +31,8 @@ class Component:
 def _redis(cfg: BatonConfig) -> Component:
     try:
         cfg.redis.client(socket_timeout=2).ping()
-        return Component("redis", "healthy", cfg.redis.url)
+        url = urlparse(cfg.redis.url)  # a password in the URL is not shown
+        return Component("redis", "healthy", f"{url.scheme}://{url.hostname}:{url.port or 6379}{url.path}")
     except Exception as exc:  # noqa: BLE001
         return Component("redis", "down", str(exc))
 
