@@ -35,9 +35,10 @@ from common.constants import DEADLINE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER,
 from common.response import BatonInfo
 from deployments import relay, schemas
 from deployments.admission import AsyncAdmission, Shed
+from deployments.api_keys import KeyTable
+from deployments.bodies import check_length, read_body
 from deployments.metrics import IngressMetrics, merge
 from deployments.request_routing import RequestRouting, Route
-from deployments.bodies import check_length, read_body
 from deployments.schemas import APIError
 from routing.spill import SpillChooser
 

@@ -32,6 +32,7 @@ from common.config import BatonConfig
 from common.constants import REPO_ROOT
 from deployments.autoscaling import METRIC
 
+
 def replica_id() -> str:
     try:
         from ray import serve
@@ -124,7 +125,6 @@ class EngineReplica:
 
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""
-
         from deployments.admission import Admission, AsyncAdmission
         from deployments.api_keys import KeyStore
         from deployments.front import Front
