@@ -76,13 +76,15 @@ def validate(cfg: BatonConfig, source: str) -> None:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: not a vLLM engine argument")
 
 
-def build(cfg: BatonConfig, role: Role, topic: str | None = None):
+def build(cfg: BatonConfig, role: Role, topic: str | None = None, replay_endpoint: str | None = None):
     """A vLLM AsyncEngineArgs for `role`.
 
     With a `topic` (the replica id), the engine publishes its KV events to
     the KV indexer's socket under that topic. A non-wildcard endpoint makes
     vLLM's publisher connect rather than bind, so one indexer receives from
-    every engine, wherever it runs.
+    every engine, wherever it runs. `replay_endpoint` (an explicit
+    tcp://host:port) is where the publisher answers replay requests from its
+    buffer of past batches, for an indexer that missed some.
     """
     from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -94,5 +96,5 @@ def build(cfg: BatonConfig, role: Role, topic: str | None = None):
         r = cfg.routing
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq",
-            endpoint=f"tcp://{r.events_host}:{r.events_port}", topic=topic)
+            endpoint=f"tcp://{r.events_host}:{r.events_port}", topic=topic, replay_endpoint=replay_endpoint)
     return AsyncEngineArgs(**kwargs)

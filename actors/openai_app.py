@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from actors import engine_args
 from common.config import BatonConfig
+from common.processes import free_ports
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
 
@@ -59,8 +60,10 @@ def frontend_args(cfg: BatonConfig):
 class EngineApp:
     """One AsyncLLM and vLLM's OpenAI app over it; built by `start`."""
 
-    def __init__(self, cfg: BatonConfig, role: engine_args.Role, replica: str):
+    def __init__(self, cfg: BatonConfig, role: engine_args.Role, replica: str, events_host: str = "127.0.0.1"):
         self.cfg, self.role, self.replica = cfg, role, replica
+        self.events_host = events_host
+        self.events_replay: str | None = None  # set by `start` where the engine publishes KV events
         self.engine = None
         self.app = None
         self.state = None
@@ -72,7 +75,10 @@ class EngineApp:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         topic = self.replica if self.role != "colocated" else None
-        eargs = engine_args.build(self.cfg, self.role, topic=topic)
+        if topic:
+            host = f"[{self.events_host}]" if ":" in self.events_host else self.events_host
+            self.events_replay = f"tcp://{host}:{free_ports(1)[0]}"
+        eargs = engine_args.build(self.cfg, self.role, topic=topic, replay_endpoint=self.events_replay)
         if self.role != "colocated":
             eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         self.engine = AsyncLLM.from_engine_args(eargs)

@@ -6,6 +6,11 @@ publisher connects to (topic = replica id), translates each event into Baton's t
 replica reads them. Blocks an engine saved into Mooncake are recorded under
 the pseudo-replica `STORE_REPLICA`. A replica whose heartbeat goes stale is removed
 from the index, so the router forgets a dead replica's blocks.
+
+Every batch is applied once and in order (routing/event_sequence.py): a gap in
+an engine's sequence numbers is filled from the engine's replay buffer
+(deployments/event_replay.py); when it cannot be, or the engine restarted,
+the replica's holdings are forgotten rather than kept wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from ray import serve
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
+from deployments.event_replay import replay
+from routing.event_sequence import SequenceTracker, Step, replay_complete
 from routing.event_translator import EventTranslator
 from routing.redis_state import IndexWriter, Registry, registry_key
 
@@ -41,12 +48,17 @@ class EventLoop:
         self.timeout_s = r.replica_timeout_s
         self.translator = EventTranslator(cfg.model.block_size)
         self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
-        self.sock = zmq.Context.instance().socket(zmq.SUB)
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.bind(f"tcp://{r.events_host}:{r.events_port}")
         self.known: set[str] = set()  # replicas with blocks in the index
         self.applied: Counter = Counter()
         self.dropped: Counter = Counter()
+        self.seqs = SequenceTracker()
+        self.gaps: Counter = Counter()  # gaps seen in a replica's stream
+        self.replayed: Counter = Counter()  # batches recovered from a replica's replay buffer
+        self.resyncs: Counter = Counter()  # holdings forgotten: engine restarted, or a gap not recoverable
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="baton-kv-indexer", daemon=True)
         self.thread.start()
@@ -58,9 +70,50 @@ class EventLoop:
             for replica, info in Registry.entries(self.redis.hgetall(registry_key(pool))).items():
                 if now - info["ts"] > self.timeout_s:
                     self.redis.hdel(registry_key(pool), replica)
-                    self.translator.cleared(replica)
-                    self.writer.cleared(replica)
+                    self._forget(replica)
                     self.known.discard(replica)
+                    self.seqs.forget(replica)
+
+    def _forget(self, replica: str) -> None:
+        """Removes everything the index says `replica` holds."""
+        self.translator.cleared(replica)
+        self.writer.cleared(replica)
+
+    def _replay_endpoint(self, replica: str) -> str | None:
+        for pool in ("prefill", "decode"):
+            info = Registry.entries(self.redis.hgetall(registry_key(pool))).get(replica)
+            if info and info.get("events_replay"):
+                return info["events_replay"]
+        return None
+
+    def _receive(self, replica: str, seq: int, payload: bytes) -> None:
+        """Applies batch `seq` of `replica`, first filling any gap before it."""
+        verdict = self.seqs.observe(replica, seq)
+        if verdict.step is Step.STALE:
+            return
+        if verdict.step is Step.RESTART:
+            self._forget(replica)
+            self.resyncs[replica] += 1
+        elif verdict.step is Step.GAP:
+            self.gaps[replica] += 1
+            self._fill(replica, verdict.missing_from, seq)
+        self._apply(replica, payload)
+        self.seqs.applied(replica, seq)
+
+    def _fill(self, replica: str, start: int, seq: int) -> None:
+        """Applies batches start..seq-1 from the engine's buffer, or forgets the replica's holdings."""
+        endpoint = self._replay_endpoint(replica)
+        got = replay(self.ctx, endpoint, start) if endpoint else None
+        batches = dict(sorted((s, p) for s, p in got or [] if start <= s < seq))
+        if got is None or not replay_complete(start, seq, list(batches)):
+            # Lost for good: an index that misses blocks only under-predicts,
+            # one that keeps removed blocks mis-routes.
+            self._forget(replica)
+            self.resyncs[replica] += 1
+            return
+        for payload in batches.values():
+            self._apply(replica, payload)
+        self.replayed[replica] += len(batches)
 
     def _apply(self, replica: str, payload: bytes) -> None:
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -93,8 +146,8 @@ class EventLoop:
                     self._sweep()
                     last_sweep = time.monotonic()
                 if self.sock.poll(POLL_MS):
-                    topic, _seq, payload = self.sock.recv_multipart()
-                    self._apply(topic.decode(), payload)
+                    topic, seq, payload = self.sock.recv_multipart()
+                    self._receive(topic.decode(), int.from_bytes(seq, "big"), payload)
             except redis.RedisError:
                 time.sleep(0.5)  # Redis away: events meanwhile are lost, the sweep resyncs dead ones
 
@@ -108,9 +161,10 @@ class KVIndexer:
         self.loop = EventLoop(BatonConfig.model_validate(cfg))
 
     def stats(self) -> dict:
-        """Events applied and dropped per replica; changes nothing."""
-        return {"applied": dict(self.loop.applied), "dropped": dict(self.loop.dropped),
-                "replicas": sorted(self.loop.known)}
+        """Per replica: batches applied, events dropped, stream gaps, batches replayed, resyncs; changes nothing."""
+        lp = self.loop
+        return {"applied": dict(lp.applied), "dropped": dict(lp.dropped), "gaps": dict(lp.gaps),
+                "replayed": dict(lp.replayed), "resyncs": dict(lp.resyncs), "replicas": sorted(lp.known)}
 
     async def check_health(self) -> None:
         if not self.loop.thread.is_alive():

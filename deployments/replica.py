@@ -104,7 +104,7 @@ class EngineReplica:
         from deployments.internal import internal_app
         import aiohttp
 
-        self.engine = EngineApp(self.cfg, self.role, self.replica)
+        self.engine = EngineApp(self.cfg, self.role, self.replica, _internal_host(self.cfg.serve.internal_host))
         await self.engine.start()
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
         s = self.cfg.serve
@@ -121,7 +121,8 @@ class EngineReplica:
             await self.keys.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
-            "capacity_blocks": self.engine.capacity_blocks, "url": self.url})
+            "capacity_blocks": self.engine.capacity_blocks, "url": self.url,
+            "events_replay": self.engine.events_replay})
 
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""

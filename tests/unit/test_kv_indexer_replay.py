@@ -1,0 +1,89 @@
+"""The KV indexer fills gaps in an engine's event stream from the engine's replay buffer.
+
+Real components: vLLM's ZmqEventPublisher (its replay socket and buffer),
+a real Redis, and the indexer's EventLoop; no engine. Batches are handed to
+the loop in the order a lossy stream would deliver them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+import redis
+
+from common.config import BatonConfig
+from common.processes import free_ports
+from deployments.kv_indexer import EventLoop
+from routing.redis_state import Registry, registry_key
+
+BLOCK = 2
+
+
+@pytest.fixture
+def rig(redis_url):
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    sink, events, replay_port = free_ports(3)
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    cfg = BatonConfig.model_validate({"redis": {"url": redis_url}, "model": {"block_size": BLOCK},
+                                      "routing": {"events_port": events, "replica_timeout_s": 60}})
+    loop = EventLoop(cfg)
+    endpoint = f"tcp://127.0.0.1:{replay_port}"
+    # The live stream goes to a socket nobody reads: every batch reaches the
+    # loop only as the test hands it over, or through the replay socket.
+    pub = ZmqEventPublisher(0, endpoint=f"tcp://127.0.0.1:{sink}", replay_endpoint=endpoint, topic="r1")
+    Registry.beat(client, "decode", "r1", {"events_replay": endpoint})
+    yield loop, pub, client
+    pub.shutdown()
+    loop.stop()
+    client.close()
+
+
+def _batches(pub, n: int) -> list[bytes]:
+    """Publishes n batches of one stored block each (chained), returns their payloads."""
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    enc, out = msgspec.msgpack.Encoder(), []
+    for i in range(n):
+        batch = KVEventBatch(ts=time.time(), events=[BlockStored(
+            block_hashes=[1000 + i], parent_block_hash=(1000 + i - 1) if i else None,
+            token_ids=[i, i], block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None)])
+        pub.publish(batch)
+        out.append(enc.encode(batch))
+    deadline = time.monotonic() + 10
+    while len(pub._buffer) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return out
+
+
+def test_a_gap_is_filled_from_the_replay_buffer(rig):
+    loop, pub, _ = rig
+    payloads = _batches(pub, 5)
+    loop._receive("r1", 0, payloads[0])
+    loop._receive("r1", 4, payloads[4])  # 1..3 lost on the way
+    assert loop.gaps["r1"] == 1 and loop.replayed["r1"] == 3 and loop.resyncs["r1"] == 0
+    assert len(loop.translator.known("r1", [1000 + i for i in range(5)])) == 5
+    loop._receive("r1", 2, payloads[2])  # a late duplicate changes nothing
+    assert loop.seqs.expected["r1"] == 5 and loop.applied["r1"] == 5
+
+
+def test_an_indexer_that_starts_late_replays_from_zero(rig):
+    loop, pub, _ = rig
+    payloads = _batches(pub, 3)
+    loop._receive("r1", 2, payloads[2])
+    assert loop.replayed["r1"] == 2
+    assert len(loop.translator.known("r1", [1000, 1001, 1002])) == 3
+
+
+def test_an_unrecoverable_gap_or_a_restart_forgets_the_holdings(rig):
+    loop, pub, client = rig
+    payloads = _batches(pub, 4)
+    loop._receive("r1", 0, payloads[0])
+    client.delete(registry_key("decode"))  # no replay endpoint known any more
+    loop._receive("r1", 3, payloads[3])
+    assert loop.resyncs["r1"] == 1 and loop.translator.known("r1", [1000]) == []
+    loop._receive("r1", 0, payloads[0])  # numbers back to 0: a new engine process
+    assert loop.resyncs["r1"] == 2 and loop.translator.known("r1", [1000]) != []
