@@ -119,18 +119,25 @@ class StackProcess:
             self.proc.kill()
             return self.proc.wait(10)
 
+    def driver(self, code: str, *args: str, timeout: float = 60) -> str:
+        """Runs `code` as a Ray driver of this stack (`ray.init(address=sys.argv[1])` is up to
+        it; `args` follow the address in sys.argv); returns its stdout, raises if it failed."""
+        state = json.loads((Path(self.cfg["state_dir"]) / "state.json").read_text())
+        out = subprocess.run([sys.executable, "-c", code, state["ray_address"], *args], timeout=timeout,
+                             env={**os.environ, "RAY_AUTH_MODE": "token", **loopback.ray_env()},
+                             capture_output=True, text=True, cwd=REPO_ROOT)
+        if out.returncode != 0:
+            raise RuntimeError(f"driver failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        return out.stdout
+
     def kill_replica(self, deployment: str, replica: str) -> None:
         """Kills one Serve replica actor of this stack (Serve will replace it)."""
-        state = json.loads((Path(self.cfg["state_dir"]) / "state.json").read_text())
         code = (
             "import ray, sys\n"
             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
             "ray.kill(ray.get_actor(sys.argv[2], namespace='serve'), no_restart=True)\n"
         )
-        name = f"SERVE_REPLICA::baton#{deployment}#{replica}"
-        subprocess.run([sys.executable, "-c", code, state["ray_address"], name], check=True,
-                       timeout=60, env={**os.environ, "RAY_AUTH_MODE": "token", **loopback.ray_env()},
-                       capture_output=True)
+        self.driver(code, f"SERVE_REPLICA::baton#{deployment}#{replica}")
 
     def tail(self, n: int = 60) -> str:
         try:

@@ -161,10 +161,12 @@ class KVIndexer:
         self.loop = EventLoop(BatonConfig.model_validate(cfg))
 
     def stats(self) -> dict:
-        """Per replica: batches applied, events dropped, stream gaps, batches replayed, resyncs; changes nothing."""
+        """Per replica: events applied and dropped, stream gaps, batches replayed, resyncs and the
+        next batch number expected; changes nothing."""
         lp = self.loop
         return {"applied": dict(lp.applied), "dropped": dict(lp.dropped), "gaps": dict(lp.gaps),
-                "replayed": dict(lp.replayed), "resyncs": dict(lp.resyncs), "replicas": sorted(lp.known)}
+                "replayed": dict(lp.replayed), "resyncs": dict(lp.resyncs), "next_seq": dict(lp.seqs.expected),
+                "replicas": sorted(lp.known)}
 
     async def check_health(self) -> None:
         if not self.loop.thread.is_alive():

@@ -1,0 +1,64 @@
+"""The KV indexer restarts while the engines keep publishing: the new one fills
+what it missed from every engine's replay buffer, and predictions stay exact.
+
+Runs after the routing tests (file order) and before the failure tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.e2e import prompts
+from tests.e2e.test_routing import EVENTS_SETTLE_S, chat, engine_hit
+
+STATS = """
+import json, sys
+import ray
+from ray import serve
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+         if a["name"].startswith("SERVE_REPLICA::baton#kv_indexer#")]
+stats = serve.get_deployment_handle("kv_indexer", app_name="baton").stats.remote().result()
+print("INDEXER " + json.dumps({"actors": names, "stats": stats}))
+"""
+
+
+def _indexer(stack) -> dict:
+    out = stack.driver(STATS, timeout=120)
+    return json.loads(next(x for x in out.splitlines() if x.startswith("INDEXER ")).split(" ", 1)[1])
+
+
+def test_a_restarted_indexer_replays_what_it_missed(stack):
+    chat(stack, prompts.make("indexer-before", 60))  # batches the old indexer applies
+    time.sleep(EVENTS_SETTLE_S)
+    before = _indexer(stack)
+    assert sum(before["stats"]["next_seq"].values()) > 0, before
+    [actor] = before["actors"]
+    stack.kill_replica("kv_indexer", actor.rsplit("#", 1)[1])
+    # Meanwhile the engines go on publishing: these blocks reach no indexer.
+    conversation = prompts.make("indexer-restart", 120)
+    chat(stack, conversation, session="sess-indexer")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            after = _indexer(stack)
+            if after["actors"] and after["actors"] != before["actors"]:
+                break
+        except RuntimeError:
+            pass  # the deployment is being replaced
+        assert time.monotonic() < deadline, "no new KV indexer within 120 s"
+        time.sleep(2)
+    # The new indexer hears from an engine when it next publishes.
+    deadline = time.monotonic() + 60
+    while not (after["stats"]["replayed"] or after["stats"]["resyncs"]):
+        chat(stack, prompts.make("indexer-nudge", 40))
+        assert time.monotonic() < deadline, after
+        time.sleep(1)
+        after = _indexer(stack)
+    assert sum(after["stats"]["replayed"].values()) > 0 and not after["stats"]["resyncs"], after["stats"]
+    # What was published while no indexer ran is in the index: the prefix is predicted exactly.
+    time.sleep(EVENTS_SETTLE_S)
+    baton = chat(stack, conversation + [{"role": "user", "content": "and one more"}], session="sess-indexer").json()
+    baton = baton["baton"]
+    assert engine_hit(baton) > 0 and baton["predicted_cached_tokens"] == engine_hit(baton), baton
