@@ -19,6 +19,7 @@ from cluster.launcher import state_file
 from common.processes import pid_alive
 from kvstore import health as kv_health
 from kvstore.spill import dir_usage
+from routing.redis_state import INDEXER_STATS_KEY
 
 
 @dataclass
@@ -35,6 +36,20 @@ def _redis(cfg: BatonConfig) -> Component:
         return Component("redis", "healthy", f"{url.scheme}://{url.hostname}:{url.port or 6379}{url.path}")
     except Exception as exc:  # noqa: BLE001
         return Component("redis", "down", str(exc))
+
+
+def _indexer(cfg: BatonConfig) -> Component | None:
+    """The KV indexer's totals, which it writes to Redis every second; None when colocated."""
+    if cfg.colocated:
+        return None
+    try:
+        raw = cfg.redis.client(socket_timeout=2).hgetall(INDEXER_STATS_KEY)
+    except Exception as exc:  # noqa: BLE001
+        return Component("kv-indexer", "down", str(exc))
+    if not raw:
+        return Component("kv-indexer", "degraded", "no counts in Redis yet")
+    detail = ", ".join(f"{k.decode().replace('_', ' ')} {int(v)}" for k, v in sorted(raw.items()))
+    return Component("kv-indexer", "healthy", detail)
 
 
 def _mooncake(cfg: BatonConfig) -> Component:
@@ -94,6 +109,8 @@ def collect(cfg: BatonConfig) -> dict:
     comps.append(_redis(cfg) if cfg.redis.start_local or cfg.redis.url else Component("redis", "down"))
     comps.append(_mooncake(cfg))
     comps.extend(_serve(state["ray_address"]))
+    if (indexer := _indexer(cfg)) is not None:
+        comps.append(indexer)
     comps.append(_http(state["url"]))
     return {
         "running": True,

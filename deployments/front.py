@@ -40,6 +40,7 @@ from deployments.bodies import check_length, read_body
 from deployments.metrics import IngressMetrics, merge
 from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError
+from routing.redis_state import INDEXER_STATS_KEY
 from routing.spill import SpillChooser
 
 def _small_body(scope) -> bool:
@@ -121,7 +122,22 @@ class Front:
                         texts.append(await resp.read())
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 continue  # a replica going away: its counts leave with it
-        return merge(texts)
+        return merge(texts) + await self._indexer_metrics()
+
+    async def _indexer_metrics(self) -> bytes:
+        """The KV indexer's totals (it has no port of its own), as counters; empty when colocated."""
+        if self.routing is None:
+            return b""
+        try:
+            raw = await self.routing.redis.hgetall(INDEXER_STATS_KEY)
+        except redis.RedisError:
+            return b""
+        lines = []
+        for name, value in sorted(raw.items()):
+            metric = f"baton_indexer_{name.decode()}_total"
+            lines += [f"# HELP {metric} KV indexer: {name.decode().replace('_', ' ')}", f"# TYPE {metric} counter",
+                      f"{metric} {float(value)}"]
+        return ("\n".join(lines) + "\n").encode() if lines else b""
 
     def admission_gauges(self) -> None:
         """Sets this front's admission estimates and permit count in its metrics."""

@@ -27,7 +27,7 @@ from common.constants import STORE_REPLICA
 from deployments.event_replay import replay
 from routing.event_sequence import SequenceTracker, Step, replay_complete
 from routing.event_translator import EventTranslator
-from routing.redis_state import IndexWriter, Registry, registry_key
+from routing.redis_state import INDEXER_STATS_KEY, IndexWriter, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
@@ -59,6 +59,7 @@ class EventLoop:
         self.gaps: Counter = Counter()  # gaps seen in a replica's stream
         self.replayed: Counter = Counter()  # batches recovered from a replica's replay buffer
         self.resyncs: Counter = Counter()  # holdings forgotten: engine restarted, or a gap not recoverable
+        self.evicted: Counter = Counter()  # blocks an engine reported removed
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="baton-kv-indexer", daemon=True)
         self.thread.start()
@@ -132,6 +133,7 @@ class EventLoop:
                     self.writer.stored(STORE_REPLICA, self.translator.known(replica, ev.block_hashes), None)
             elif isinstance(ev, BlockRemoved):
                 if ev.medium in LOCAL_MEDIA:
+                    self.evicted[replica] += len(ev.block_hashes)
                     self.writer.removed(replica, self.translator.removed(replica, ev.block_hashes))
             elif isinstance(ev, AllBlocksCleared):
                 self.translator.cleared(replica)
@@ -144,12 +146,19 @@ class EventLoop:
             try:
                 if time.monotonic() - last_sweep > SWEEP_S:
                     self._sweep()
+                    self.redis.hset(INDEXER_STATS_KEY, mapping=self.totals())
                     last_sweep = time.monotonic()
                 if self.sock.poll(POLL_MS):
                     topic, seq, payload = self.sock.recv_multipart()
                     self._receive(topic.decode(), int.from_bytes(seq, "big"), payload)
             except redis.RedisError:
                 time.sleep(0.5)  # Redis away: events meanwhile are lost, the sweep resyncs dead ones
+
+    def totals(self) -> dict[str, int]:
+        """Counts over all replicas (what /metrics and `baton status` show); changes nothing."""
+        return {"applied_events": sum(self.applied.values()), "dropped_events": sum(self.dropped.values()),
+                "evicted_blocks": sum(self.evicted.values()), "gaps": sum(self.gaps.values()),
+                "replayed_batches": sum(self.replayed.values()), "resyncs": sum(self.resyncs.values())}
 
     def stop(self) -> None:
         self._stop.set()

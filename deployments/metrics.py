@@ -60,6 +60,14 @@ class IngressMetrics:
                                   registry=r)
         self.kv_bytes = Counter("baton_kv_bytes_moved_total", "KV bytes loaded by decode from the store",
                                 registry=r)
+        self.predicted = Counter("baton_index_predicted_tokens_total",
+                                 "cached prompt tokens the prefix index predicted on the computing replica", registry=r)
+        self.actual = Counter("baton_index_actual_cached_tokens_total",
+                              "cached prompt tokens that replica's engine reported", registry=r)
+        self.predictions = Counter("baton_index_predictions_total", "index predictions against the engine's "
+                                   "report: exact, over or under", ["outcome"], registry=r)
+        for outcome in ("exact", "over", "under"):
+            self.predictions.labels(outcome)
         for pool in ("prefill", "decode"):
             self.repins.labels(pool)
         self._hits = self._blocks = 0
@@ -75,11 +83,19 @@ class IngressMetrics:
             self.hit_ratio.set(self._hits / self._blocks)
 
     def record_usage(self, info, prompt_tokens: int, block_size: int, kv_bytes_per_token: int) -> None:
-        """Adds one answer (a common.response.BatonInfo) to the hit ratio and,
+        """Adds one answer (a common.response.BatonInfo) to the hit ratio, to the
+        index's predicted-versus-actual counts when the index routed it, and,
         when decode loaded what a prefill replica wrote, to the KV bytes moved."""
         self.record_hit(info.cached_tokens() // block_size, prompt_tokens // block_size)
         if info.prefill_cached_tokens is not None:
             self.kv_bytes.inc(info.decode_cached_tokens * kv_bytes_per_token)
+        if info.predicted_cached_tokens is not None:  # routed by the index (not colocated)
+            actual = info.decode_cached_tokens if info.decode_only else (info.prefill_cached_tokens or 0)
+            predicted = info.predicted_cached_tokens
+            self.predicted.inc(predicted)
+            self.actual.inc(actual)
+            outcome = "exact" if predicted == actual else "over" if predicted > actual else "under"
+            self.predictions.labels(outcome).inc()
 
     def render(self) -> bytes:
         """The exposition text; first runs ``before_render`` (gauges read on demand)."""

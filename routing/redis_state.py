@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 from routing.snapshot import IndexSnapshot
 
 P = "baton:"
+INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_indexer.py)
 
 
 def _h(h: int) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
+
 from tests.e2e import prompts
 from tests.e2e.test_routing import EVENTS_SETTLE_S, chat, engine_hit
 
@@ -62,3 +64,22 @@ def test_a_restarted_indexer_replays_what_it_missed(stack):
     baton = chat(stack, conversation + [{"role": "user", "content": "and one more"}], session="sess-indexer").json()
     baton = baton["baton"]
     assert engine_hit(baton) > 0 and baton["predicted_cached_tokens"] == engine_hit(baton), baton
+
+
+def test_index_counters_are_in_metrics_and_status(stack):
+    """Runs after the restart above: the replays it caused are counted where operators look."""
+    metrics = {}
+    for line in httpx.get(f"{stack.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(("baton_indexer_", "baton_index_")):
+            name, value = line.rsplit(" ", 1)
+            metrics[name] = float(value)
+    assert metrics["baton_indexer_replayed_batches_total"] > 0
+    assert metrics["baton_indexer_applied_events_total"] > 0 and "baton_indexer_resyncs_total" in metrics
+    exact = metrics['baton_index_predictions_total{outcome="exact"}']
+    inexact = metrics['baton_index_predictions_total{outcome="over"}'] + \
+        metrics['baton_index_predictions_total{outcome="under"}']
+    assert exact > 0 and exact >= 0.9 * (exact + inexact), metrics
+    assert metrics["baton_index_actual_cached_tokens_total"] > 0
+    status = json.loads(stack.baton("status", "--json").stdout)
+    [indexer] = [c for c in status["components"] if c["name"] == "kv-indexer"]
+    assert indexer["state"] == "healthy" and "replayed batches" in indexer["detail"], indexer
