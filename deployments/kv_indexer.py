@@ -27,7 +27,7 @@ from common.constants import STORE_REPLICA
 from deployments.event_replay import replay
 from routing.event_sequence import SequenceTracker, Step, replay_complete
 from routing.event_translator import EventTranslator
-from routing.redis_state import INDEXER_STATS_KEY, IndexWriter, Registry, registry_key
+from routing.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, IndexWriter, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
@@ -60,20 +60,41 @@ class EventLoop:
         self.replayed: Counter = Counter()  # batches recovered from a replica's replay buffer
         self.resyncs: Counter = Counter()  # holdings forgotten: engine restarted, or a gap not recoverable
         self.evicted: Counter = Counter()  # blocks an engine reported removed
+        self.redis_losses = 0  # times Redis came back without the index
+        self.endpoints: dict[str, str] = {}  # replica -> its engine's replay socket
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="baton-kv-indexer", daemon=True)
         self.thread.start()
 
     def _sweep(self) -> None:
-        """Forgets replicas whose heartbeat went stale: their blocks and entry."""
+        """Forgets replicas whose heartbeat went stale (their blocks and entry); notes the others' replay sockets."""
         now = time.time()
         for pool in ("prefill", "decode"):
             for replica, info in Registry.entries(self.redis.hgetall(registry_key(pool))).items():
+                if info.get("events_replay"):
+                    self.endpoints[replica] = info["events_replay"]
                 if now - info["ts"] > self.timeout_s:
                     self.redis.hdel(registry_key(pool), replica)
                     self._forget(replica)
                     self.known.discard(replica)
                     self.seqs.forget(replica)
+                    self.endpoints.pop(replica, None)
+
+    def _check_redis(self) -> None:
+        """Rebuilds the whole index when Redis lost it (a restart without persistence).
+
+        The epoch key lives as long as Redis's data: when it is gone, every
+        engine's stream is replayed from its first batch, or, where its
+        buffer no longer reaches back that far, the replica is forgotten.
+        """
+        if not self.redis.set(INDEX_EPOCH_KEY, str(time.time()), nx=True):
+            return  # still there
+        if not self.seqs.expected:
+            return  # a first start: nothing to rebuild
+        self.redis_losses += 1
+        for replica, expected in list(self.seqs.expected.items()):
+            self.translator.cleared(replica)
+            self._fill(replica, 0, expected)
 
     def _forget(self, replica: str) -> None:
         """Removes everything the index says `replica` holds."""
@@ -81,11 +102,14 @@ class EventLoop:
         self.writer.cleared(replica)
 
     def _replay_endpoint(self, replica: str) -> str | None:
-        for pool in ("prefill", "decode"):
-            info = Registry.entries(self.redis.hgetall(registry_key(pool))).get(replica)
-            if info and info.get("events_replay"):
-                return info["events_replay"]
-        return None
+        """Where `replica`'s engine answers replays: from its registry entry, remembered
+        (a Redis that lost its data has no entries until the next heartbeats)."""
+        if replica not in self.endpoints:
+            for pool in ("prefill", "decode"):
+                info = Registry.entries(self.redis.hgetall(registry_key(pool))).get(replica)
+                if info and info.get("events_replay"):
+                    self.endpoints[replica] = info["events_replay"]
+        return self.endpoints.get(replica)
 
     def _receive(self, replica: str, seq: int, payload: bytes) -> None:
         """Applies batch `seq` of `replica`, first filling any gap before it."""
@@ -145,6 +169,7 @@ class EventLoop:
         while not self._stop.is_set():
             try:
                 if time.monotonic() - last_sweep > SWEEP_S:
+                    self._check_redis()
                     self._sweep()
                     self.redis.hset(INDEXER_STATS_KEY, mapping=self.totals())
                     last_sweep = time.monotonic()
@@ -158,7 +183,8 @@ class EventLoop:
         """Counts over all replicas (what /metrics and `baton status` show); changes nothing."""
         return {"applied_events": sum(self.applied.values()), "dropped_events": sum(self.dropped.values()),
                 "evicted_blocks": sum(self.evicted.values()), "gaps": sum(self.gaps.values()),
-                "replayed_batches": sum(self.replayed.values()), "resyncs": sum(self.resyncs.values())}
+                "replayed_batches": sum(self.replayed.values()), "resyncs": sum(self.resyncs.values()),
+                "redis_losses": self.redis_losses}
 
     def stop(self) -> None:
         self._stop.set()

@@ -22,6 +22,7 @@ from routing.snapshot import IndexSnapshot
 
 P = "baton:"
 INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_indexer.py)
+INDEX_EPOCH_KEY = f"{P}indexer:epoch"  # set while Redis holds the index; gone after Redis lost its data
 
 
 def _h(h: int) -> str:

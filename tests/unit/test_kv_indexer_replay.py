@@ -31,6 +31,8 @@ def rig(redis_url):
     cfg = BatonConfig.model_validate({"redis": {"url": redis_url}, "model": {"block_size": BLOCK},
                                       "routing": {"events_port": events, "replica_timeout_s": 60}})
     loop = EventLoop(cfg)
+    loop.stop()  # the test hands batches over and runs the checks itself
+    loop.thread.join(5)
     endpoint = f"tcp://127.0.0.1:{replay_port}"
     # The live stream goes to a socket nobody reads: every batch reaches the
     # loop only as the test hands it over, or through the replay socket.
@@ -38,7 +40,6 @@ def rig(redis_url):
     Registry.beat(client, "decode", "r1", {"events_replay": endpoint})
     yield loop, pub, client
     pub.shutdown()
-    loop.stop()
     client.close()
 
 
@@ -87,3 +88,20 @@ def test_an_unrecoverable_gap_or_a_restart_forgets_the_holdings(rig):
     assert loop.resyncs["r1"] == 1 and loop.translator.known("r1", [1000]) == []
     loop._receive("r1", 0, payloads[0])  # numbers back to 0: a new engine process
     assert loop.resyncs["r1"] == 2 and loop.translator.known("r1", [1000]) != []
+
+
+def test_a_redis_that_lost_its_data_gets_the_index_back(rig):
+    loop, pub, client = rig
+    payloads = _batches(pub, 3)
+    loop._check_redis()  # first start: the epoch is set, nothing to rebuild
+    for seq, payload in enumerate(payloads):
+        loop._receive("r1", seq, payload)
+    stored = {k for k in client.keys("baton:idx:*")}
+    assert stored
+    loop._sweep()  # as every second: notes the replay socket of each registered engine
+    client.flushdb()  # a Redis restart without persistence: index, registry and all
+    loop._check_redis()
+    assert loop.redis_losses == 1 and loop.replayed["r1"] == 3 and loop.resyncs["r1"] == 0
+    assert {k for k in client.keys("baton:idx:*")} == stored
+    loop._check_redis()  # the epoch is back: nothing more to do
+    assert loop.redis_losses == 1
