@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -84,8 +85,14 @@ class LocalStack:
             os.environ.setdefault("RAY_worker_niceness", "0")
             # Ray's one-machine mode: node IP 127.0.0.1, so every Ray server binds loopback.
             loopback.use_local_ray()
+            # ray.init installs its own SIGTERM handler; the caller's must stay,
+            # or a SIGTERM during the engines' warm-up leaves Redis and Mooncake behind.
+            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
             ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
                      include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING")
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
         self.ray_started = True
 
     def _serve(self, worker_cfg: Path) -> None:
