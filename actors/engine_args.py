@@ -9,6 +9,8 @@ against.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 from typing import Any, Literal
 
 from common.config import BatonConfig, ConfigError, parse_size
@@ -42,9 +44,20 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
             "kv_connector": "BatonStoreConnector",
             "kv_connector_module_path": "kvstore.connector",
             "kv_role": _KV_ROLE[role],
-            "kv_connector_extra_config": connector_extra(cfg),
+            "kv_connector_extra_config": {**connector_extra(cfg), "lookup_rpc_port": _lookup_id()},
         }
     return kwargs
+
+
+_engines_here = itertools.count()
+
+
+def _lookup_id() -> int:
+    """A number no other engine on this machine uses. vLLM's Mooncake store names the
+    IPC socket between its scheduler and worker after this number and the host name
+    only (/tmp/lookup_rpc_port_<n>_host_<host>_dp_rank0), so engines sharing a machine
+    with the default 0 race for one socket file, and one of them can fail to start."""
+    return int(f"{os.getpid()}{next(_engines_here):03d}")
 
 
 def connector_extra(cfg: BatonConfig) -> dict[str, Any]:
