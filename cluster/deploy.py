@@ -27,7 +27,6 @@ has one; until then the fixed `replicas` apply.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import sys
@@ -39,6 +38,7 @@ from cluster.rollout import rollout
 from deployments import autoscaling
 from common.config import BatonConfig, ConfigError, PoolConfig, load_config
 from common.constants import RAY_NAMESPACE
+from common.listeners import is_loopback
 from common.progress import Progress
 
 DEFAULT_NODE_DIR = "/tmp/baton"
@@ -51,12 +51,7 @@ READY_TIMEOUT_S = 1800
 
 
 def _is_loopback(host: str | None) -> bool:
-    if not host or host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return not host or is_loopback(host)
 
 
 def localize(cfg: BatonConfig, head_ip: str) -> tuple[BatonConfig, list[str]]:

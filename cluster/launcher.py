@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from cluster import loopback, tiny_model
 from common.config import BatonConfig
+from common.listeners import is_loopback
 from common.processes import ManagedProcess, redis_process
 from cluster.rollout import rollout
 from cluster.warmup_server import WarmupServer
@@ -59,7 +60,7 @@ class LocalStack:
     def _loopback(self) -> None:
         """Everything this stack starts listens on loopback (cluster/loopback), but the public port if asked."""
         s = self.cfg.serve
-        public = () if loopback.is_loopback(s.host) else (s.port,)
+        public = () if is_loopback(s.host) else (s.port,)
         self._loopback_env = loopback.env(public)
 
     def _mooncake(self) -> Path:

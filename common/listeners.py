@@ -13,6 +13,17 @@ from dataclasses import dataclass
 import psutil
 
 
+def is_loopback(host: str) -> bool:
+    """True for `localhost`, 127.0.0.0/8, ::1 and ::ffff:127.x; False for wildcards, interfaces and names."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
 @dataclass(frozen=True)
 class Listener:
     pid: int
@@ -23,13 +34,7 @@ class Listener:
 
     @property
     def loopback(self) -> bool:
-        """True for 127.0.0.0/8, ::1 and ::ffff:127.x; False for wildcards and real interfaces."""
-        try:
-            ip = ipaddress.ip_address(self.address.split("%")[0])
-        except ValueError:
-            return False
-        mapped = getattr(ip, "ipv4_mapped", None)
-        return (mapped or ip).is_loopback
+        return is_loopback(self.address.split("%")[0])
 
     def __str__(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address

@@ -53,18 +53,6 @@ def build() -> Path:
     return lib
 
 
-def is_loopback(host: str) -> bool:
-    """True for a loopback address or `localhost`; False for wildcards and interfaces."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def ray_env() -> dict[str, str]:
     """Environment that puts a Ray head started here, and all its processes, on 127.0.0.1."""
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

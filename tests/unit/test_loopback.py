@@ -87,3 +87,10 @@ def test_listeners_finds_this_process_sockets():
         port = s.getsockname()[1]
         found = listeners([os.getpid()])
     assert any(x.port == port and x.loopback and x.pid == os.getpid() for x in found)
+
+
+def test_is_loopback_takes_names_too():
+    from common.listeners import is_loopback
+
+    assert is_loopback("localhost") and is_loopback("::ffff:127.0.0.1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.com")
