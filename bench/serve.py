@@ -12,7 +12,8 @@ docs/security.md):
 
 Each system gets the same load from vLLM's own benchmark (bench/vllm_load.py):
 random 400-token prompts, 64 output tokens, streamed, at concurrency 8 and at
-concurrency 1. The whole sequence runs `--rounds` times (2 by default), so
+concurrency 1, each load with prompts of its own (no load finds another's
+in a cache). The whole sequence runs `--rounds` times (2 by default), so
 the noise between rounds is visible next to the differences between systems.
 One JSON document goes to stdout (and `--out`); ratios are to `vllm serve`
 and to Ray Serve LLM at its fastest within the same round.
@@ -114,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS):
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
-    loads = {"c8": vllm_load.Workload(args.requests, 8, args.input_len, args.output_len),
-             "c1": vllm_load.Workload(args.requests_c1, 1, args.input_len, args.output_len)}
+    # Each load its own seed: with one seed, vLLM's random dataset gives c1 the
+    # first prompts of c8, which every system then serves from its prefix cache.
+    loads = {"c8": vllm_load.Workload(args.requests, 8, args.input_len, args.output_len, seed=0),
+             "c1": vllm_load.Workload(args.requests_c1, 1, args.input_len, args.output_len, seed=1)}
     workdir = bench_workdir("bench-serve")
     doc: dict = {"workload": {k: vars(w) for k, w in loads.items()}, "rounds": []}
     for n in range(args.rounds):

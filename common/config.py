@@ -94,6 +94,12 @@ class PoolConfig(_Strict):
         description="a replica whose engine is not serving this long after it started fails, and Serve "
         "starts another in its place (an engine start that hangs is retried, not waited on forever)",
     )
+    shm_spin_s: float | None = Field(
+        0.002, ge=0,
+        description="how long an engine's worker and scheduler spin on vLLM's shared-memory queue after "
+        "a message before they sleep (actors/vllm_plugin.py); null keeps vLLM's 1 s, which keeps a core "
+        "busy per engine process and starves engines that share cores",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="environment of this pool's engine processes, e.g. {VLLM_CPU_OMP_THREADS_BIND: '0'} "

@@ -16,6 +16,7 @@ from pathlib import Path
 from ray import serve
 from ray.serve import Application
 
+from actors.vllm_plugin import SPIN_ENV
 from common.config import BatonConfig, PoolConfig
 from deployments.kv_indexer import KVIndexer
 from deployments.replica import EngineReplica
@@ -25,10 +26,15 @@ def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
     return {"MOONCAKE_CONFIG_PATH": str(mooncake_config)} if mooncake_config else {}
 
 
+def _plugin_env(pool: PoolConfig) -> dict[str, str]:
+    """Settings for Baton's vLLM plugin in this pool's engine processes."""
+    return {} if pool.shm_spin_s is None else {SPIN_ENV: str(pool.shm_spin_s)}
+
+
 def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, env: dict[str, str],
           *bound):
     options = pool.resources.ray_actor_options()
-    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **pool.env}}
+    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **_plugin_env(pool), **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(
         name=name,
