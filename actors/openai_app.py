@@ -30,6 +30,7 @@ from common.config import BatonConfig
 from common.processes import free_ports
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
+SAVE_RECHECK_S = 0.5
 
 
 @dataclass
@@ -41,6 +42,7 @@ class PrefillResult:
     cached_tokens: int
     compute_s: float
     drain_s: float
+    drain_end: str = ""  # what ended the wait: none_left, push, recheck, poll or timeout
 
 
 def frontend_args(cfg: BatonConfig):
@@ -67,6 +69,7 @@ class EngineApp:
         self.engine = None
         self.app = None
         self.state = None
+        self.saves = None  # a SaveWatch on prefill replicas
 
     async def start(self) -> None:
         """Starts the engine (a minute on CPU) and builds the app's state."""
@@ -82,12 +85,25 @@ class EngineApp:
         if self.role != "colocated":
             eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         self.engine = AsyncLLM.from_engine_args(eargs)
+        if self.role == "prefill":
+            await self._watch_saves()
         args = argparse.Namespace(**(vars(frontend_args(self.cfg)) | vars(eargs)))
         args.served_model_name = [self.cfg.model.served_name]  # the CLI's list form
         tasks = await self.engine.get_supported_tasks()
         self.app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, self.app.state, args, tasks)
         self.state = self.app.state
+
+    async def _watch_saves(self) -> None:
+        """Has the workers push save completions to a SaveWatch; without one, prefill polls."""
+        from actors.save_watch import SaveWatch
+
+        watch = SaveWatch()
+        watch.start()
+        if all(await self.engine.collective_rpc("watch_kv_saves", args=(watch.address,))):
+            self.saves = watch
+        else:
+            watch.close()
 
     @property
     def capacity_blocks(self) -> int:
@@ -144,24 +160,36 @@ class EngineApp:
         async for out in self.engine.generate(prompt, SamplingParams(max_tokens=1), request_id):
             cached = out.num_cached_tokens or cached
         computed = time.monotonic()
-        await self._drain_saves(request_id)
-        return PrefillResult(len(prompt_ids), cached, computed - started, time.monotonic() - computed)
+        end = await self._drain_saves(request_id, computed)
+        return PrefillResult(len(prompt_ids), cached, computed - started, time.monotonic() - computed, end)
 
-    async def _drain_saves(self, request_id: str) -> None:
-        """Waits until the connector has no queued store job of `request_id`.
+    async def _drain_saves(self, request_id: str, finished: float) -> str:
+        """Waits until the connector has no queued store job of `request_id`,
+        which finished generating at `finished`.
 
         MooncakeStoreConnector saves on a background thread after the request
-        finished; the first check usually finds nothing left. Gives up after
-        SAVE_DRAIN_TIMEOUT_S (decode then recomputes what is missing).
+        finished. One question to the workers tells whether anything is left;
+        then the workers' push (SaveWatch) ends the wait, with a question
+        every SAVE_RECHECK_S in case a push is lost, or, without a watch, at
+        backing-off intervals. Gives up after SAVE_DRAIN_TIMEOUT_S (decode
+        then recomputes what is missing). Returns what ended the wait.
         """
         deadline = time.monotonic() + SAVE_DRAIN_TIMEOUT_S
-        delay = 0.001
+        delay, end = 0.001, "none_left"
         while time.monotonic() < deadline:
+            if self.saves is not None and self.saves.saved_since(request_id, finished):
+                return "push"
             pending = await self.engine.collective_rpc("pending_kv_saves", args=(request_id,))
             if not any(pending):
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
+                return end
+            if self.saves is not None:
+                if await self.saves.wait(request_id, finished, min(SAVE_RECHECK_S, deadline - time.monotonic())):
+                    return "push"
+                end = "recheck"
+            else:
+                await asyncio.sleep(delay)
+                delay, end = min(delay * 2, 0.02), "poll"
+        return "timeout"
 
     def running(self) -> int:
         """Requests in this engine now (waiting or running), whoever sent them."""
@@ -173,3 +201,5 @@ class EngineApp:
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+        if self.saves is not None:
+            self.saves.close()

@@ -111,3 +111,30 @@ def test_status_reports_every_component_healthy(stack):
     assert out.returncode == 0, out.stdout + out.stderr
     for name in ("redis", "mooncake", "ray", "pool:prefill", "pool:decode", "endpoint"):
         assert names[name] == "healthy"
+
+
+def test_prefill_hands_over_when_the_worker_says_its_kv_is_saved(stack):
+    """The prefill replica learns that a request's KV is in Mooncake from its
+    worker's push (actors/save_watch.py), not by asking again and again: no
+    wait ends on the 0.5 s recheck, as every save still queued at the first
+    question would without the push."""
+    import random
+
+    import httpx
+    import redis
+
+    entries = redis.Redis.from_url(stack.cfg["redis"]["url"]).hgetall("baton:replicas:prefill")
+    url = json.loads(next(iter(entries.values())))["url"]
+    rng = random.Random(7)
+    ends = []
+    for i in range(6):
+        ids = [rng.randrange(100, 2000) for _ in range(300 + 40 * i)]
+        r = httpx.post(f"{url}/baton/prefill", json={"prompt_token_ids": ids, "cache_salt": "drain-test"},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        res = r.json()
+        assert res["prompt_tokens"] == len(ids)
+        assert res["drain_end"] in ("none_left", "push"), res
+        assert res["drain_s"] < 0.4, res
+        ends.append(res["drain_end"])
+    print("drain ends:", ends)
