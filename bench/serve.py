@@ -11,9 +11,10 @@ docs/security.md):
 - `baton_colocated`, `baton_disaggregated`: Baton's two modes.
 
 Each system gets the same load from vLLM's own benchmark (bench/vllm_load.py):
-random 400-token prompts, 64 output tokens, streamed, at concurrency 8 and at
-concurrency 1, each load with prompts of its own (no load finds another's
-in a cache). The whole sequence runs `--rounds` times (2 by default), so
+400 uniformly random tokens per prompt, 64 output tokens, streamed, at
+concurrency 8 and at concurrency 1, each load with prompts of its own: no
+prompt shares a prefix block with another, so every system computes every
+prompt. The whole sequence runs `--rounds` times (2 by default), so
 the noise between rounds is visible next to the differences between systems.
 One JSON document goes to stdout (and `--out`); ratios are to `vllm serve`
 and to Ray Serve LLM at its fastest within the same round.
@@ -115,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS):
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
-    # Each load its own seed: with one seed, vLLM's random dataset gives c1 the
-    # first prompts of c8, which every system then serves from its prefix cache.
+    # Each load its own seed, hence its own prompts (bench/vllm_load.py).
     loads = {"c8": vllm_load.Workload(args.requests, 8, args.input_len, args.output_len, seed=0),
              "c1": vllm_load.Workload(args.requests_c1, 1, args.input_len, args.output_len, seed=1)}
     workdir = bench_workdir("bench-serve")

@@ -27,6 +27,7 @@ def internal_app(engine, finished_app, metrics=None):
     from deployments.bodies import read_body
     from deployments.front import respond
     from deployments.schemas import APIError
+    from vllm.exceptions import VLLMClientError
 
     async def app(scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/baton/metrics":
@@ -41,7 +42,10 @@ def internal_app(engine, finished_app, metrics=None):
             with tracing.tracer().start_as_current_span("prefill", context=ctx) as span:
                 span.set_attribute("baton.request_id", str(req.get("request_id", "")))
                 span.set_attribute("baton.replica", engine.replica)
-                result = await engine.prefill(ids, req.get("cache_salt"))
+                try:
+                    result = await engine.prefill(ids, req.get("cache_salt"))
+                except (ValueError, VLLMClientError) as exc:  # vLLM's checks, e.g. ids beyond the vocabulary
+                    return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
                 span.set_attribute("baton.cached_tokens", result.cached_tokens)
             return await respond(send, 200, asdict(result))
         return await finished_app(scope, receive, send)

@@ -128,7 +128,7 @@ def test_prefill_hands_over_when_the_worker_says_its_kv_is_saved(stack):
     rng = random.Random(7)
     ends = []
     for i in range(6):
-        ids = [rng.randrange(100, 2000) for _ in range(300 + 40 * i)]
+        ids = [rng.randrange(100, 1000) for _ in range(300 + 40 * i)]  # the model has 1024 tokens
         r = httpx.post(f"{url}/baton/prefill", json={"prompt_token_ids": ids, "cache_salt": "drain-test"},
                        timeout=60)
         assert r.status_code == 200, r.text
@@ -138,3 +138,5 @@ def test_prefill_hands_over_when_the_worker_says_its_kv_is_saved(stack):
         assert res["drain_s"] < 0.4, res
         ends.append(res["drain_end"])
     print("drain ends:", ends)
+    bad = httpx.post(f"{url}/baton/prefill", json={"prompt_token_ids": [5000] * 20}, timeout=60)
+    assert bad.status_code == 400 and "vocabulary" in bad.text, bad.text

@@ -255,3 +255,21 @@ def test_run_works_inside_a_running_event_loop(fake_server):
 
     results, summary = asyncio.run(notebook_cell())
     assert summary["completed"] == 2 and [r.output_tokens for r in results] == [3, 3]
+
+
+def test_bench_serve_prompts_never_share_a_prefix_block():
+    """vLLM's `random` dataset repeats whole prompts with a 1024-token vocabulary."""
+    from transformers import AutoTokenizer
+
+    from bench import vllm_load
+    from common.config import load_config
+
+    path = str(load_config(None, environ={}).model.resolved_path())
+    w = vllm_load.Workload(200, 8, input_len=120, seed=3)
+    texts = vllm_load.prompts(path, w)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert len(texts) == 202 and all(115 <= len(i) <= 125 for i in ids)
+    assert len({tuple(i[:16]) for i in ids}) == len(ids)
+    assert vllm_load.prompts(path, w) == texts  # the seed picks them
+    assert vllm_load.prompts(path, vllm_load.Workload(200, 8, input_len=120, seed=4)) != texts
