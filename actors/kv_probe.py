@@ -50,7 +50,7 @@ class KVProbeExtension:
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.connect(address)
         lock = threading.Lock()  # one socket, used from the sending thread(s)
-        finish = getattr(type(sender), "finish_store_job")
+        finish = type(sender).finish_store_job  # the class's, so a second call does not nest
 
         def finish_store_job(req_meta) -> None:
             finish(sender, req_meta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import zmq
@@ -18,11 +19,19 @@ def _push(address: str, *internal_ids: str) -> None:
     sock.close(linger=1000)
 
 
+@contextlib.asynccontextmanager
+async def watching():
+    watch = SaveWatch()
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.close()
+
+
 def test_a_push_after_the_request_finished_ends_the_wait():
     async def main():
-        watch = SaveWatch()
-        watch.start()
-        try:
+        async with watching() as watch:
             finished = time.monotonic()
             waiter = asyncio.create_task(watch.wait("prefill-abc", finished, timeout=5))
             await asyncio.sleep(0.05)
@@ -32,8 +41,6 @@ def test_a_push_after_the_request_finished_ends_the_wait():
             assert await asyncio.wait_for(waiter, 2)
             assert watch.saved_since("prefill-abc", finished)
             assert not watch.saved_since("prefill-abc", time.monotonic())
-        finally:
-            watch.close()
 
     asyncio.run(main())
 
@@ -41,20 +48,17 @@ def test_a_push_after_the_request_finished_ends_the_wait():
 def test_a_push_from_before_the_request_finished_does_not_count():
     """Between two chunks of one prefill the job queue can be empty for a moment."""
     async def main():
-        watch = SaveWatch()
-        watch.start()
-        try:
+        async with watching() as watch:
             await asyncio.to_thread(_push, watch.address, "prefill-abc-1234abcd")
             for _ in range(100):
                 if watch.saved_since("prefill-abc", 0):
                     break
                 await asyncio.sleep(0.01)
+            assert watch.saved_since("prefill-abc", 0)  # it arrived, and earlier than `finished`
             finished = time.monotonic()
             t0 = time.monotonic()
             assert not await watch.wait("prefill-abc", finished, timeout=0.2)
             assert time.monotonic() - t0 >= 0.19
-        finally:
-            watch.close()
 
     asyncio.run(main())
 
@@ -63,13 +67,10 @@ def test_remembers_a_bounded_number_of_pushes():
     from actors import save_watch
 
     async def main():
-        watch = SaveWatch()
-        try:
+        async with watching() as watch:
             for i in range(save_watch.KEEP + 10):
                 watch.arrived(f"r{i}", float(i))
             assert not watch.saved_since("r0", 0)
             assert watch.saved_since(f"r{save_watch.KEEP + 9}", 0)
-        finally:
-            watch.close()
 
     asyncio.run(main())

@@ -40,10 +40,11 @@ def test_without_the_env_vllm_is_unchanged(monkeypatch):
 
 def test_spin_is_capped_and_a_lost_ping_costs_one_poll(pair, monkeypatch):
     writer, reader = pair
+    original = shm_broadcast.SpinCondition.wait
     monkeypatch.setenv(vllm_plugin.SPIN_ENV, "0.002")
     vllm_plugin.register()
     vllm_plugin.register()  # loaded once per process by vLLM, but twice must not nest
-    assert shm_broadcast.SpinCondition.wait.__wrapped_by_baton__ is not None
+    assert shm_broadcast.SpinCondition.wait.__wrapped_by_baton__ is original
     reader.record_read()
     time.sleep(0.01)  # past the 2 ms spin: the reader sleeps on its socket
     t0 = time.monotonic()
