@@ -61,15 +61,16 @@ def _lookup_id() -> int:
 
 
 def connector_extra(cfg: BatonConfig) -> dict[str, Any]:
-    """kv_connector_extra_config for BatonStoreConnector: the spill tier, if on."""
+    """kv_connector_extra_config for BatonStoreConnector: the holdings audit and the spill tier, if on."""
     m = cfg.mooncake
-    if not m.spill:
-        return {}
-    return {"baton_spill": {
-        "dir": str(cfg.spill_path()),
-        "cap_bytes": parse_size(m.spill_cap),
-        "min_free_bytes": parse_size(m.spill_min_free),
-    }}
+    extra: dict[str, Any] = {"baton_audit_s": m.holdings_audit_s}
+    if m.spill:
+        extra["baton_spill"] = {
+            "dir": str(cfg.spill_path()),
+            "cap_bytes": parse_size(m.spill_cap),
+            "min_free_bytes": parse_size(m.spill_min_free),
+        }
+    return extra
 
 
 def validate(cfg: BatonConfig, source: str) -> None:

@@ -134,6 +134,9 @@ class MooncakeConfig(_Strict):
     )
     spill_cap: str = Field("16GB", description="size cap of the spill directory, LRU eviction beyond it")
     spill_min_free: str = Field("1GB", description="spilling pauses while the disk has less free space")
+    holdings_audit_s: float = Field(
+        1.0, gt=0, description="how often a prefill worker checks that the store still holds what it put"
+    )
 
     @field_validator("spill_cap", "spill_min_free")
     @classmethod

@@ -4,7 +4,8 @@ One Serve replica binds a ZMQ SUB socket that every engine's KV-event
 publisher connects to (topic = replica id), translates each event into Baton's tenant-salted block hashes
 (routing/event_translator.py) and writes them to Redis, where every ingress
 replica reads them. Blocks an engine saved into Mooncake are recorded under
-the pseudo-replica `STORE_REPLICA`. A replica whose heartbeat goes stale is removed
+the pseudo-replica `STORE_REPLICA` until the engine that saved them reports
+that no store tier holds them (kvstore/holdings.py). A replica whose heartbeat goes stale is removed
 from the index, so the router forgets a dead replica's blocks.
 
 Every batch is applied once and in order (routing/event_sequence.py): a gap in
@@ -94,12 +95,15 @@ class EventLoop:
         self.redis_losses += 1
         for replica, expected in list(self.seqs.expected.items()):
             self.translator.cleared(replica)
+            self.translator.store_forget(replica)
             self._fill(replica, 0, expected)
 
     def _forget(self, replica: str) -> None:
-        """Removes everything the index says `replica` holds."""
+        """Removes everything the index says `replica` holds, and the store holdings only it
+        vouched for (nobody else would report their eviction)."""
         self.translator.cleared(replica)
         self.writer.cleared(replica)
+        self.writer.removed(STORE_REPLICA, self.translator.store_forget(replica))
 
     def _replay_endpoint(self, replica: str) -> str | None:
         """Where `replica`'s engine answers replays: from its registry entry, remembered
@@ -154,11 +158,15 @@ class EventLoop:
                         continue
                     self.writer.stored(replica, t.hashes, t.parent)
                 else:  # saved into the Mooncake store by this (prefill) engine
-                    self.writer.stored(STORE_REPLICA, self.translator.known(replica, ev.block_hashes), None)
+                    self.writer.stored(STORE_REPLICA, self.translator.store_stored(replica, ev.block_hashes), None)
             elif isinstance(ev, BlockRemoved):
                 if ev.medium in LOCAL_MEDIA:
                     self.evicted[replica] += len(ev.block_hashes)
                     self.writer.removed(replica, self.translator.removed(replica, ev.block_hashes))
+                else:  # this engine found that no store tier holds these any more
+                    gone = self.translator.store_removed(ev.block_hashes)
+                    self.evicted[STORE_REPLICA] += len(gone)
+                    self.writer.removed(STORE_REPLICA, gone)
             elif isinstance(ev, AllBlocksCleared):
                 self.translator.cleared(replica)
                 self.writer.cleared(replica)

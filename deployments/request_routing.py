@@ -145,7 +145,8 @@ class RequestRouting:
             chosen["prefill"] = prefill.replica
             route.prefill_replica = prefill.replica
             route.prefill_url = state.live["prefill"][prefill.replica].get("url")
-            route.predicted_cached_tokens = self._cap(prefill.cached_blocks, len(prompt_ids))
+            # The prefill engine loads from the store what its own cache lacks.
+            route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, store_held), len(prompt_ids))
         self._write_pins(session, chosen)
         return route
 

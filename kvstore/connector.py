@@ -7,7 +7,11 @@ Loaded by name (`kv_connector="BatonStoreConnector"`,
   as vLLM's `cache_prefix`, on the scheduler and on the worker alike;
 - with `baton_spill` in `kv_connector_extra_config` ({"dir", "cap_bytes",
   "min_free_bytes"}), the worker's store handle is wrapped in a
-  SpillingStore, so pool evictions are backed by the NVMe tier.
+  SpillingStore, so pool evictions are backed by the NVMe tier;
+- the worker's store handle is wrapped in an AuditedStore (kvstore/holdings.py):
+  every `baton_audit_s` seconds it checks that some tier still holds what this
+  worker put, and publishes `BlockRemoved` (medium "cpu") for what none does,
+  so the router's index drops store holdings when the store does.
 
 The live SpillingStore of this process is kept in `ACTIVE` for the worker
 extension (actors/kv_probe.py) that reports its counters.
@@ -21,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
     MooncakeStoreConnector,
 )
 
+from kvstore.holdings import AuditedStore, event_hash
 from kvstore.identity import ModelIdentity, config_digest
 from kvstore.spill import SpillTier
 from kvstore.spill_store import SpillingStore
@@ -65,6 +70,23 @@ class BatonStoreConnector(MooncakeStoreConnector):
             host = vllm_config.device_config.device_type == "cpu"
             self.spill = worker.store = SpillingStore(worker.store, tier, host_buffers=host)
             ACTIVE.append(self.spill)
+        if worker is not None and getattr(worker, "store", None) is not None:
+            store = worker.store
+            presence = store.holds if self.spill is not None else (
+                lambda keys: [rc == 1 for rc in store.batch_is_exist(keys)])
+            worker.store = AuditedStore(store, presence, self._report_gone,
+                                        interval_s=float(extra.get("baton_audit_s", 1.0)))
+
+    def _report_gone(self, keys: list[str]) -> None:
+        """Queues `BlockRemoved` for store keys no tier holds, on the engine's KV event stream."""
+        from vllm import envs
+        from vllm.distributed.kv_events import BlockRemoved
+
+        sender = getattr(self.connector_worker, "kv_send_thread", None)
+        if sender is None or not self.connector_worker.enable_kv_events:
+            return  # this engine publishes no store events, so it announced none of these
+        ints = envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+        sender.update_kv_event([BlockRemoved(block_hashes=[event_hash(k, ints)], medium="cpu") for k in keys])
 
     def shutdown(self):
         if self.spill is not None and self.spill in ACTIVE:

@@ -10,7 +10,10 @@ hashes, so the translator remembers each replica's engine hash -> Baton hash.
 
 Store events (Mooncake, medium "cpu") carry no token ids; their engine hashes
 are those the same prefill engine already announced for its own cache, so
-they are translated through that replica's map.
+they are translated through that replica's map. Store holdings outlive the
+engine's own copy, so the translator keeps them in a map of their own until
+the store reports them gone (kvstore/holdings.py) or no replica that saved
+them is left to report it.
 
 Pure: no I/O; each call says what it changes.
 """
@@ -47,6 +50,8 @@ class EventTranslator:
     hash_fn: BlockHashFn = sha256_block_hash
     # replica -> engine hash -> (baton hash, salt)
     _maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)
+    # engine hash -> (baton hash, replicas that saved it into the store and audit it there)
+    _store: dict[Any, tuple[int, set[str]]] = field(default_factory=dict)
 
     def stored(self, replica: str, engine_hashes: Sequence[Any], parent: Any,
                token_ids: Sequence[int], extra_keys: Sequence[Any] | None) -> Translated | None:
@@ -76,6 +81,35 @@ class EventTranslator:
         """Baton hashes of already-announced engine hashes (unknown ones skipped)."""
         m = self._maps.get(replica, {})
         return [m[h][0] for h in engine_hashes if h in m]
+
+    def store_stored(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
+        """Baton hashes of blocks `replica` saved into the store (hashes it never announced are
+        skipped); remembers them as store holdings that `replica` vouches for."""
+        m = self._maps.get(replica, {})
+        out: list[int] = []
+        for h in engine_hashes:
+            if h in self._store:
+                self._store[h][1].add(replica)
+                out.append(self._store[h][0])
+            elif h in m:
+                self._store[h] = (m[h][0], {replica})
+                out.append(m[h][0])
+        return out
+
+    def store_removed(self, engine_hashes: Sequence[Any]) -> list[int]:
+        """Baton hashes of store blocks that no tier holds any more; forgets them."""
+        return [self._store.pop(h)[0] for h in engine_hashes if h in self._store]
+
+    def store_forget(self, replica: str) -> list[int]:
+        """Drops `replica` as a witness of store holdings; returns (and forgets) the Baton
+        hashes no other replica vouches for, since nobody would report their eviction."""
+        out: list[int] = []
+        for h, (baton, saved_by) in list(self._store.items()):
+            saved_by.discard(replica)
+            if not saved_by:
+                del self._store[h]
+                out.append(baton)
+        return out
 
     def removed(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
         """Baton hashes of removed blocks; forgets them for `replica`."""

@@ -49,3 +49,22 @@ def test_salt_of_picks_the_string_key():
     # Baton serves no LoRA adapters; with one, its name would come first.
     assert salt_of(("lora-x", ("mm", 3), "tenant")) == "lora-x"
     assert salt_of((("mm", 3), "tenant")) == "tenant"
+
+
+def test_store_holdings_outlive_the_engines_copy_until_the_store_reports_them_gone():
+    t = EventTranslator(BS)
+    h = t.stored("p1", ["e1", "e2"], None, TOKENS[:8], [("s",), None]).hashes
+    assert t.store_stored("p1", ["e1", "e2", "unknown"]) == h
+    assert t.removed("p1", ["e1", "e2"]) == h  # the engine evicts its own copy
+    assert t.store_removed(["e2", "zz"]) == [h[1]]  # the store lost one block
+    assert t.store_removed(["e2"]) == []
+    assert t.store_forget("p1") == [h[0]]  # nobody is left to report e1's eviction
+
+
+def test_store_holdings_stay_while_another_replica_vouches_for_them():
+    t = EventTranslator(BS)
+    h = t.stored("p1", ["e1"], None, TOKENS[:4], None).hashes
+    t.stored("p2", ["e1"], None, TOKENS[:4], None)
+    assert t.store_stored("p1", ["e1"]) == h and t.store_stored("p2", ["e1"]) == h
+    assert t.store_forget("p1") == []
+    assert t.store_forget("p2") == h
