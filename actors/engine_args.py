@@ -46,6 +46,8 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
             "kv_role": _KV_ROLE[role],
             "kv_connector_extra_config": {**connector_extra(cfg), "lookup_rpc_port": _lookup_id()},
         }
+        if role == "prefill" and not cfg.mooncake.prefix_reuse:
+            kwargs["kv_transfer_config"]["kv_connector_extra_config"]["enable_lookup"] = False
     return kwargs
 
 

@@ -1,26 +1,72 @@
-"""`baton bench affinity`: session-affinity routing against round-robin, on the real stack.
+"""`baton bench affinity`: where session-affinity routing pays, on the real stack.
 
-One run starts Baton twice with the same pools (1 prefill, 2 decode replicas
-by default), once with `routing.policy: baton` and once with `round_robin`,
-and replays the same agentic workload: S sessions of T turns, each turn
-resending the whole conversation with its `x-session-affinity` header. It
-prints one JSON line with the TTFT of turn 1 and of turns 2+ per policy and
-the ratios baton / round_robin measured in the same run.
+The disaggregated layout (2 prefill + 2 decode replicas) of the `bench` model
+(8 layers, 16 heads sharing 8 KV heads, 32 KiB of KV per token) with KV
+caches sized so that the two replicas of a pool cannot hold every session's
+context (`--kv-gb` each; the sessions' final contexts add up to more than
+twice that). Agent sessions start at `--first-words` words (about 1k
+tokens) and grow by `--turn-words` a turn (to about 2k), each turn resending
+the whole conversation with its `x-session-affinity` header.
+
+Two stacks, one after the other:
+- pool on: the Mooncake pool (1 GB) plus the spill tier; any prefill engine
+  loads a prefix another saved;
+- pool off: `mooncake.prefix_reuse: false` and a pool that only holds the
+  transfers in flight: KV moves from prefill to decode and nowhere else,
+  so only the replica that computed a context can reuse it.
+
+On each stack, one run per routing policy, each with sessions of its own
+(new text, so no run finds another's prefixes): `baton` (pins, exact prefix
+index, load), then the peers `round_robin` and `least_loaded`. The policy is
+the stack's config, so each policy is a stack of its own. Reported: TTFT of
+turn 1 and of turns 2+, and the ratios to round robin measured on the same
+pool setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
+from pathlib import Path
 
-from bench import loadgen
 from bench.load import run
-from common.stats import percentile
+from bench.loadgen import CHAT, RequestSpec
 from bench.stack import StackProcess, bench_workdir, write_config
+from common.constants import CORPUS, SESSION_HEADER
+from common.stats import percentile
+
+POLICIES = ("baton", "round_robin", "least_loaded")
+POOLS = {
+    "on": {"global_segment_size": "1GB", "spill": True},
+    "off": {"global_segment_size": "256MB", "spill": False, "prefix_reuse": False},
+}
 
 
-def _turn_stats(results) -> dict:
+def sessions(n: int, turns: int, first_words: int, turn_words: int, output_tokens: int,
+             seed: int) -> list[RequestSpec]:
+    """`n` agent sessions of `turns` turns; turn 0 carries `first_words` words, later turns
+    `turn_words` more; the driver resends the conversation so far with each turn."""
+    rng = random.Random(seed)
+    vocab = CORPUS.read_text().split()
+    specs: list[RequestSpec] = []
+    for s in range(n):
+        sid = f"affinity-{seed}-{s}"
+        for t in range(turns):
+            words = first_words if t == 0 else turn_words
+            text = f"Session {seed}-{s} turn {t}. " + " ".join(rng.choice(vocab) for _ in range(words))
+            specs.append(RequestSpec(
+                index=len(specs), at_s=0.0, endpoint=CHAT,
+                body={"messages": [{"role": "user", "content": text}], "max_tokens": output_tokens,
+                      "temperature": 0, "ignore_eos": True},
+                headers={SESSION_HEADER: sid}, session_id=sid, turn=t, chat_history=True,
+                output_tokens=output_tokens))
+    return specs
+
+
+def turn_stats(results) -> dict:
+    """TTFT of turn 1 and of turns 2+, and the cached share of turns 2+; changes nothing."""
     ok = [r for r in results if r.ok]
     first = [r.ttft_s for r in ok if r.turn == 0]
     later = [r.ttft_s for r in ok if r.turn > 0]
@@ -29,40 +75,65 @@ def _turn_stats(results) -> dict:
         "ttft_turn1_p50_s": percentile(first, 50),
         "ttft_turn2plus_p50_s": percentile(later, 50),
         "ttft_turn2plus_p90_s": percentile(later, 90),
-        "cached_share_turn2plus": (sum(r.cached_tokens or 0 for r in ok if r.turn > 0)
-                                   / max(1, sum(r.input_tokens or 0 for r in ok if r.turn > 0))),
+        "cached_share_turn2plus": round(sum(r.cached_tokens or 0 for r in ok if r.turn > 0)
+                                        / max(1, sum(r.input_tokens or 0 for r in ok if r.turn > 0)), 3),
+        "input_tokens_max": max((r.input_tokens or 0 for r in ok), default=0),
     }
 
 
+def _config(workdir: Path, model: Path, args, pool: str, policy: str) -> Path:
+    pools = {"replicas": 2, "kv_cache_gb": args.kv_gb}
+    return write_config(workdir / f"pool-{pool}-{policy}", model={"path": str(model)},
+                        prefill=pools, decode=pools, mooncake=POOLS[pool],
+                        routing={"policy": policy}, tracing={"exporter": "none"})
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="baton bench affinity", description=__doc__)
-    parser.add_argument("--sessions", type=int, default=6)
-    parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--words-per-turn", type=int, default=120)
-    parser.add_argument("--output-tokens", type=int, default=32)
+    parser = argparse.ArgumentParser(prog="baton bench affinity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--first-words", type=int, default=700, help="words of turn 1 (~1k tokens)")
+    parser.add_argument("--turn-words", type=int, default=160, help="words each later turn adds")
+    parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--decode-replicas", type=int, default=2)
+    parser.add_argument("--kv-gb", type=float, default=0.2, help="KV cache of each engine, GiB")
+    parser.add_argument("--pools", default="off,on", help="pool settings to run: off, on or both")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--out", type=Path, help="also write the JSON result here")
     args = parser.parse_args(argv)
+    from bench.kv import MODELS
+    from cluster import tiny_model
+
+    model = MODELS / "bench-llama"
+    print(f"model {model} ...", file=sys.stderr, flush=True)
+    tiny_model.generate(model, size="bench")
     workdir = bench_workdir("bench-affinity")
-    out: dict = {"workload": vars(args)}
-    for policy in ("baton", "round_robin"):
-        specs = loadgen.synthetic_workload("agentic", args.sessions, seed=1, turns=args.turns,
-                                           input_tokens=args.words_per_turn,
-                                           output_tokens=args.output_tokens)
-        stack = StackProcess(write_config(workdir / policy, decode={"replicas": args.decode_replicas},
-                                          routing={"policy": policy}, tracing={"exporter": "none"}))
-        print(f"starting baton with routing.policy={policy} ...", file=sys.stderr, flush=True)
-        stack.start()
-        try:
-            results, _ = run(stack.url, specs, concurrency=args.concurrency, label=policy)
-        finally:
-            stack.stop()
-        out[policy] = _turn_stats(results)
-    b, rr = out["baton"], out["round_robin"]
-    out["ratio_baton_to_round_robin"] = {
-        k: round(b[k] / rr[k], 3) for k in ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s", "ttft_turn2plus_p90_s")
-        if b[k] and rr[k]}
+    out: dict = {"workload": {k: v for k, v in vars(args).items() if k != "out"}}
+    for pool in args.pools.split(","):
+        runs = out[f"pool_{pool}"] = {}
+        for seed, policy in enumerate(args.policies.split(",")):
+            stack = StackProcess(_config(workdir, model, args, pool, policy))
+            print(f"pool {pool}: starting baton with routing.policy={policy} ...", file=sys.stderr, flush=True)
+            stack.start()
+            try:
+                specs = sessions(args.sessions, args.turns, args.first_words, args.turn_words,
+                                 args.output_tokens, seed=seed)
+                results, _ = run(stack.url, specs, concurrency=args.concurrency, label=f"{pool}/{policy}",
+                                 timeout_s=600)
+            finally:
+                stack.stop()
+            runs[policy] = turn_stats(results)
+            print(json.dumps({"pool": pool, "policy": policy, **runs[policy]}), file=sys.stderr, flush=True)
+        rr = runs.get("round_robin")
+        if rr:
+            runs["ratio_to_round_robin"] = {
+                p: {k: round(r[k] / rr[k], 3) for k in ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s",
+                                                        "ttft_turn2plus_p90_s") if r[k] and rr[k]}
+                for p, r in runs.items() if p in POLICIES and p != "round_robin"}
     print(json.dumps(out))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2))
     return 0
 
 

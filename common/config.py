@@ -134,6 +134,10 @@ class MooncakeConfig(_Strict):
     )
     spill_cap: str = Field("16GB", description="size cap of the spill directory, LRU eviction beyond it")
     spill_min_free: str = Field("1GB", description="spilling pauses while the disk has less free space")
+    prefix_reuse: bool = Field(
+        True, description="prefill engines load prompt prefixes other engines saved in the pool; "
+        "false: the pool only carries each prompt's KV from prefill to decode"
+    )
     holdings_audit_s: float = Field(
         1.0, gt=0, description="how often a prefill worker checks that the store still holds what it put"
     )
@@ -217,8 +221,9 @@ class TracingConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    policy: Literal["baton", "round_robin"] = Field(
-        "baton", description="baton: session pins + exact prefix index + load; round_robin: for comparisons"
+    policy: Literal["baton", "round_robin", "least_loaded"] = Field(
+        "baton", description="baton: session pins + exact prefix index + load; round_robin and "
+        "least_loaded (fewest requests this front has in flight there): for comparisons"
     )
     pin_ttl_s: float = Field(600, gt=0, description="session pin lifetime in Redis, refreshed on use")
     decode_only_max_uncached_tokens: int = Field(

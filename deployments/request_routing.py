@@ -96,8 +96,11 @@ class RequestRouting:
         if not live:
             return None
         names = sorted(live)
-        if self.cfg.routing.policy == "round_robin":
-            choice = names[next(self._rr[pool]) % len(names)]
+        if self.cfg.routing.policy in ("round_robin", "least_loaded"):  # peers for benchmarks
+            turn = next(self._rr[pool])
+            choice = names[turn % len(names)]
+            if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
+                choice = min(names, key=lambda n: (self.inflight[pool][n], (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         loads = {n: ReplicaLoad(running=self.inflight[pool][n],
                                 capacity=max(1, live[n].get("capacity_blocks", 1))) for n in names}
@@ -145,13 +148,14 @@ class RequestRouting:
             chosen["prefill"] = prefill.replica
             route.prefill_replica = prefill.replica
             route.prefill_url = state.live["prefill"][prefill.replica].get("url")
-            # The prefill engine loads from the store what its own cache lacks.
-            route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, store_held), len(prompt_ids))
+            # The prefill engine loads from the store what its own cache lacks (mooncake.prefix_reuse).
+            reuse = store_held if self.cfg.mooncake.prefix_reuse else 0
+            route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), len(prompt_ids))
         self._write_pins(session, chosen)
         return route
 
     def _count(self, pool: str, d: RoutingDecision) -> None:
-        reason = "round_robin" if self.cfg.routing.policy == "round_robin" else d.reason
+        reason = d.reason if self.cfg.routing.policy == "baton" else self.cfg.routing.policy
         self.metrics.decisions.labels(pool, reason).inc()
         if d.repinned:
             self.metrics.repins.labels(pool).inc()

@@ -1,0 +1,33 @@
+"""The benchmark peers of the Baton policy inside the front's routing: round robin and least loaded."""
+
+from __future__ import annotations
+
+from common.config import BatonConfig
+from deployments.metrics import IngressMetrics
+from deployments.request_routing import RequestRouting, _State
+from routing.contracts import RoutingRequest
+from routing.snapshot import IndexSnapshot
+
+LIVE = {"decode": {"a": {}, "b": {}, "c": {}}, "prefill": {}}
+
+
+def _routing(policy: str) -> RequestRouting:
+    cfg = BatonConfig.model_validate({"routing": {"policy": policy}})
+    return RequestRouting(cfg, redis_client=None, metrics=IngressMetrics())
+
+
+def _pick(routing: RequestRouting, n: int) -> list[str]:
+    state = _State(IndexSnapshot([], [], []), LIVE, {"decode": None, "prefill": None})
+    return [routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(n)]
+
+
+def test_round_robin_takes_turns():
+    assert _pick(_routing("round_robin"), 6) == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_least_loaded_picks_the_fewest_in_flight_and_takes_turns_among_equals():
+    routing = _routing("least_loaded")
+    routing.inflight["decode"].update({"a": 2, "b": 0, "c": 1})
+    assert _pick(routing, 1) == ["b"]
+    routing.inflight["decode"].update({"b": 1})  # a=2, b=1, c=1: b and c tie
+    assert sorted(_pick(routing, 2)) == ["b", "c"]
