@@ -85,7 +85,8 @@ def _config(workdir: Path, model: Path, args, pool: str, policy: str) -> Path:
     pools = {"replicas": 2, "kv_cache_gb": args.kv_gb}
     return write_config(workdir / f"pool-{pool}-{policy}", model={"path": str(model)},
                         prefill=pools, decode=pools, mooncake=POOLS[pool],
-                        routing={"policy": policy}, tracing={"exporter": "none"})
+                        routing={"policy": policy, "decode_only_max_uncached_tokens": args.decode_only_max},
+                        tracing={"exporter": "none"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--kv-gb", type=float, default=0.2, help="KV cache of each engine, GiB")
+    parser.add_argument("--decode-only-max", type=int, default=64,
+                        help="routing.decode_only_max_uncached_tokens: a decode replica that lacks fewer "
+                        "prompt tokens than this computes them itself, skipping the prefill hop")
     parser.add_argument("--pools", default="off,on", help="pool settings to run: off, on or both")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
