@@ -28,7 +28,7 @@ from common.constants import STORE_REPLICA
 from deployments.event_replay import replay
 from routing.event_sequence import SequenceTracker, Step, replay_complete
 from routing.event_translator import EventTranslator
-from routing.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, IndexWriter, Registry, registry_key
+from routing.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
@@ -45,7 +45,7 @@ class EventLoop:
 
         r = cfg.routing
         self.redis = cfg.redis.client(socket_timeout=5)
-        self.writer = IndexWriter(self.redis)
+        self.writer = RedisIndex(self.redis)
         self.timeout_s = r.replica_timeout_s
         self.translator = EventTranslator(cfg.model.block_size)
         self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
@@ -102,8 +102,8 @@ class EventLoop:
         """Removes everything the index says `replica` holds, and the store holdings only it
         vouched for (nobody else would report their eviction)."""
         self.translator.cleared(replica)
-        self.writer.cleared(replica)
-        self.writer.removed(STORE_REPLICA, self.translator.store_forget(replica))
+        self.writer.apply_cleared(replica)
+        self.writer.apply_removed(STORE_REPLICA, self.translator.store_forget(replica))
 
     def _replay_endpoint(self, replica: str) -> str | None:
         """Where `replica`'s engine answers replays: from its registry entry, remembered
@@ -156,20 +156,20 @@ class EventLoop:
                     if t is None:
                         self.dropped[replica] += 1
                         continue
-                    self.writer.stored(replica, t.hashes, t.parent)
+                    self.writer.apply_stored(replica, t.hashes, t.parent)
                 else:  # saved into the Mooncake store by this (prefill) engine
-                    self.writer.stored(STORE_REPLICA, self.translator.store_stored(replica, ev.block_hashes), None)
+                    self.writer.apply_stored(STORE_REPLICA, self.translator.store_stored(replica, ev.block_hashes), None)
             elif isinstance(ev, BlockRemoved):
                 if ev.medium in LOCAL_MEDIA:
                     self.evicted[replica] += len(ev.block_hashes)
-                    self.writer.removed(replica, self.translator.removed(replica, ev.block_hashes))
+                    self.writer.apply_removed(replica, self.translator.removed(replica, ev.block_hashes))
                 else:  # this engine found that no store tier holds these any more
                     gone = self.translator.store_removed(ev.block_hashes)
                     self.evicted[STORE_REPLICA] += len(gone)
-                    self.writer.removed(STORE_REPLICA, gone)
+                    self.writer.apply_removed(STORE_REPLICA, gone)
             elif isinstance(ev, AllBlocksCleared):
                 self.translator.cleared(replica)
-                self.writer.cleared(replica)
+                self.writer.apply_cleared(replica)
             self.applied[replica] += 1
 
     def _run(self) -> None:

@@ -7,7 +7,8 @@ runs in the Serve deployment, in unit tests and in the trace simulator.
 Modules, one concept each:
 
 - ``block_hash``    chained, tenant-salted hashes of full token blocks
-- ``prefix_index``  which replica holds which block hash (fed by KV events)
+- ``index_api``     the index contract (KVIndex); backends: ``prefix_index``, ``redis_state``
+- ``prefix_index``  which replica holds which block hash (fed by KV events), in this process
 - ``session_pins``  soft session -> replica pins with a TTL
 - ``contracts``     dataclasses at the boundary (request, load, decision) and the Router ABC
 - ``policy``        the Baton routing policy

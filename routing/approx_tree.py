@@ -47,5 +47,4 @@ class ApproxPrefixTree:
     def remove_tenant(self, tenant: str) -> None:
         """Forget ``tenant``. Changes the tree."""
         self._lru.pop(tenant, None)
-        if tenant in self._index.replicas():
-            self._index.remove_replica(tenant)
+        self._index.remove_replica(tenant)

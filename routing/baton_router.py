@@ -44,6 +44,5 @@ class BatonRouter(Router):
         self.index.apply_removed(replica, block_hashes)
 
     def on_replica_removed(self, replica: str) -> None:
-        if replica in self.index.replicas():
-            self.index.remove_replica(replica)
+        self.index.remove_replica(replica)
         self.pins.forget_replica(replica)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from routing.index_api import FANOUT_CAP, KVIndex
 
-class PrefixIndex:
-    """Block hash -> replicas holding it. Pure, not thread-safe."""
 
-    def __init__(self, fanout_cap: int = 16) -> None:
+class PrefixIndex(KVIndex):
+    """Block hash -> replicas holding it, in this process (the KVIndex contract). Pure,
+    not thread-safe."""
+
+    def __init__(self, fanout_cap: int = FANOUT_CAP) -> None:
         self.fanout_cap = fanout_cap
         self._holders: dict[int, set[str]] = {}
         self._held: dict[str, set[int]] = {}
@@ -74,9 +77,16 @@ class PrefixIndex:
         self._held[replica] = set()
 
     def remove_replica(self, replica: str) -> None:
-        """Forget ``replica`` entirely (it died or left the pool)."""
+        """Forget ``replica`` entirely (it died or left the pool); unknown replicas are ignored."""
         self.apply_cleared(replica)
         del self._held[replica]
+
+    def snapshot(self, block_hashes: Sequence[int]):
+        """An IndexSnapshot of ``block_hashes`` (what the Redis backend hands the policy)."""
+        from routing.snapshot import IndexSnapshot
+
+        return IndexSnapshot(block_hashes, [set(self._holders.get(h, ())) for h in block_hashes],
+                             [self.fanout(h) for h in block_hashes])
 
     # ---- queries (change nothing) -----------------------------------------
 
@@ -131,8 +141,8 @@ class PrefixIndex:
         return len(self._held.get(replica, ()))
 
     def replicas(self) -> list[str]:
-        """Replicas the index knows about, in insertion order."""
-        return list(self._held)
+        """Replicas holding at least one block, in the order the index first heard of them."""
+        return [r for r, held in self._held.items() if held]
 
     def _drop_holder(self, h: int, replica: str) -> None:
         holders = self._holders.get(h)

@@ -7,6 +7,7 @@ Keys (prefix `baton:`):
 - `pin:{pool}:{session}` replica id, with the pin TTL
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 
+`RedisIndex` is the KVIndex contract (routing/index_api.py) over these keys.
 The KV indexer is the only writer of `idx:*`; a front reads one request's
 slice (`queue_snapshot`, `snapshot_from`) in the same pipeline as the pins
 and the registry, and writes pins with `pin_key`.
@@ -18,6 +19,7 @@ import json
 import time
 from typing import Iterable, Sequence
 
+from routing.index_api import FANOUT_CAP, KVIndex
 from routing.snapshot import IndexSnapshot
 
 P = "baton:"
@@ -29,39 +31,74 @@ def _h(h: int) -> str:
     return f"{P}idx:h:{h}"
 
 
-class IndexWriter:
-    """Applies translated KV events to Redis (sync client, one pipeline per event)."""
+def _c(h: int) -> str:
+    return f"{P}idx:c:{h}"
+
+
+def _r(replica: str) -> str:
+    return f"{P}idx:r:{replica}"
+
+
+class RedisIndex(KVIndex):
+    """The KVIndex contract over Redis (sync client; one pipeline per update).
+
+    The KV indexer is its only writer. Fronts read a request's slice with
+    `queue_snapshot`/`snapshot_from` inside their own pipeline, which is
+    what `snapshot` does on its own.
+    """
 
     def __init__(self, client) -> None:
         self.r = client
 
-    def stored(self, replica: str, hashes: Sequence[int], parent: int | None) -> None:
+    def apply_stored(self, replica: str, block_hashes: Iterable[int], parent: int | None = None) -> None:
+        hashes = list(block_hashes)
         pipe = self.r.pipeline(transaction=False)
         prev = parent
         for h in hashes:
             pipe.sadd(_h(h), replica)
             if prev is not None:
-                pipe.sadd(f"{P}idx:c:{prev}", h)
+                pipe.sadd(_c(prev), h)
             prev = h
         if hashes:
-            pipe.sadd(f"{P}idx:r:{replica}", *hashes)
+            pipe.sadd(_r(replica), *hashes)
         pipe.execute()
 
-    def removed(self, replica: str, hashes: Iterable[int]) -> None:
-        hashes = list(hashes)
+    def apply_removed(self, replica: str, block_hashes: Iterable[int]) -> None:
+        hashes = list(block_hashes)
         if not hashes:
             return
         pipe = self.r.pipeline(transaction=False)
+        pipe.srem(_r(replica), *hashes)
         for h in hashes:
             pipe.srem(_h(h), replica)
-        pipe.srem(f"{P}idx:r:{replica}", *hashes)
-        pipe.execute()
+            pipe.exists(_h(h))
+        held = pipe.execute()[2::2]
+        orphans = [_c(h) for h, left in zip(hashes, held) if not left]
+        if orphans:  # nobody holds them: their fan-out goes too, as in PrefixIndex
+            self.r.delete(*orphans)
 
-    def cleared(self, replica: str) -> None:
-        """Forgets every block of `replica` (it cleared its cache or died)."""
-        held = self.r.smembers(f"{P}idx:r:{replica}")
-        self.removed(replica, [int(h) for h in held])
-        self.r.delete(f"{P}idx:r:{replica}")
+    def apply_cleared(self, replica: str) -> None:
+        self.apply_removed(replica, [int(h) for h in self.r.smembers(_r(replica))])
+        self.r.delete(_r(replica))
+
+    def snapshot(self, block_hashes: Sequence[int]) -> IndexSnapshot:
+        pipe = self.r.pipeline(transaction=False)
+        queue_snapshot(pipe, block_hashes)
+        return snapshot_from(block_hashes, pipe.execute())
+
+    def fanout(self, block_hash: int) -> int:
+        return min(FANOUT_CAP, self.r.scard(_c(block_hash)))
+
+    def num_blocks(self, replica: str) -> int:
+        return self.r.scard(_r(replica))
+
+    def replicas(self) -> list[str]:
+        prefix = len(_r(""))
+        names = (k.decode() if isinstance(k, bytes) else k for k in self.r.scan_iter(_r("*"), count=1000))
+        return sorted(k[prefix:] for k in names)
+
+
+IndexWriter = RedisIndex  # the KV indexer's name for it
 
 
 def queue_snapshot(pipe, block_hashes: Sequence[int]) -> None:
@@ -69,14 +106,14 @@ def queue_snapshot(pipe, block_hashes: Sequence[int]) -> None:
     for h in block_hashes:
         pipe.smembers(_h(h))
     for h in block_hashes:
-        pipe.scard(f"{P}idx:c:{h}")
+        pipe.scard(_c(h))
 
 
 def snapshot_from(block_hashes: Sequence[int], results: Sequence) -> IndexSnapshot:
     """The IndexSnapshot from the results of `queue_snapshot`."""
     n = len(block_hashes)
     holders = [{m.decode() if isinstance(m, bytes) else m for m in s} for s in results[:n]]
-    return IndexSnapshot(block_hashes, holders, results[n:2 * n])
+    return IndexSnapshot(block_hashes, holders, [min(FANOUT_CAP, f) for f in results[n:2 * n]])
 
 
 def pin_key(pool: str, session: str) -> str:

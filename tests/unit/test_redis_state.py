@@ -11,7 +11,7 @@ import redis.asyncio
 from routing.policy import BatonPolicy
 from routing.prefix_index import PrefixIndex
 from routing import redis_state
-from routing.redis_state import IndexWriter, Registry
+from routing.redis_state import RedisIndex, Registry
 from routing.snapshot import pins_view
 
 
@@ -42,24 +42,24 @@ async def snapshot(client, hashes):
 
 def test_snapshot_matches_the_in_memory_index(clients):
     sync, aio = clients
-    writer, ref = IndexWriter(sync), PrefixIndex()
+    writer, ref = RedisIndex(sync), PrefixIndex()
     for replica, hashes, parent in [("a", [1, 2, 3], None), ("b", [1, 2], None), ("b", [9], 2),
                                     ("c", [1, 5], None), ("a", [4], 3)]:
-        writer.stored(replica, hashes, parent)
+        writer.apply_stored(replica, hashes, parent)
         ref.apply_stored(replica, hashes, parent)
-    writer.removed("a", [2])
+    writer.apply_removed("a", [2])
     ref.apply_removed("a", [2])
     query = [1, 2, 9]
     snap = run(aio, lambda c: snapshot(c, query))
     assert snap.match(query) == ref.match(query) == {"a": 1, "b": 3, "c": 1}
     assert [snap.fanout(h) for h in query] == [ref.fanout(h) for h in query]
-    writer.cleared("b")
+    writer.apply_cleared("b")
     assert run(aio, lambda c: snapshot(c, query)).match(query) == {"a": 1, "c": 1}
 
 
 def test_policy_runs_unchanged_on_a_snapshot(clients):
     sync, aio = clients
-    IndexWriter(sync).stored("warm", [7, 8, 9], None)
+    RedisIndex(sync).apply_stored("warm", [7, 8, 9], None)
     snap = run(aio, lambda c: snapshot(c, [7, 8, 9]))
     from routing.contracts import ReplicaLoad, RoutingRequest
 

@@ -38,10 +38,10 @@ def test_cleared_and_removed_replica():
     idx = make_index()
     idx.apply_cleared("r2")
     assert idx.match([1, 2, 3, 4, 5]) == {"r0": 4, "r1": 2}
-    assert idx.replicas() == ["r0", "r1", "r2"]
+    assert idx.replicas() == ["r0", "r1"]  # r2 holds nothing now
     assert idx.num_blocks("r2") == 0
     idx.remove_replica("r0")
-    assert idx.replicas() == ["r1", "r2"]
+    assert idx.replicas() == ["r1"]
     assert idx.match([1, 2, 3]) == {"r1": 2}
     assert idx.num_holders(3) == 0
 
