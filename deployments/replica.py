@@ -122,7 +122,7 @@ class EngineReplica:
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url,
-            "events_replay": self.engine.events_replay})
+            "events_replay": self.engine.events_replay}, load=lambda: {"unfinished": self.engine.running()})
 
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""

@@ -6,7 +6,8 @@ blocks, both pools' registries and the session's pins. The pure policy then
 picks a decode replica and, unless the decode replica can get all but a few
 tokens of the prompt from its own cache or the Mooncake store (the request
 then runs decode-only), a prefill replica. Pin updates are written without
-waiting for them. Load per replica is what this front has in flight there.
+waiting for them. Load per replica is what its engine reported at its
+last heartbeat, or what this front has in flight there if that is more.
 """
 
 from __future__ import annotations
@@ -100,12 +101,18 @@ class RequestRouting:
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
-                choice = min(names, key=lambda n: (self.inflight[pool][n], (names.index(n) - turn) % len(names)))
+                choice = min(names, key=lambda n: (self._load(pool, n, live[n]), (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
-        loads = {n: ReplicaLoad(running=self.inflight[pool][n],
+        loads = {n: ReplicaLoad(running=self._load(pool, n, live[n]),
                                 capacity=max(1, live[n].get("capacity_blocks", 1))) for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now)
+
+    def _load(self, pool: str, replica: str, entry: dict) -> int:
+        """Requests on `replica`: what its engine reported at its last heartbeat (every
+        front's, waiting or running), or what this front has sent there, if more (the
+        report is up to `routing.heartbeat_s` old)."""
+        return max(self.inflight[pool][replica], int(entry.get("unfinished", 0)))
 
     def _write_pins(self, session: str | None, chosen: dict[str, str]) -> None:
         """Pins (or re-pins) the session, without waiting for Redis."""

@@ -14,8 +14,11 @@
 # Algorithm (O(prompt blocks + replicas)):
 #   1. Candidates = live replicas. load(r) = work in flight in blocks
 #      (``pending_blocks``; running + queued when no replica reports it).
-#      bound = OVERLOAD_RATIO * mean(load) + OVERLOAD_SLACK_BLOCKS.
-#      A candidate is *overloaded* when load(r) > bound. The bound is checked
+#      A candidate is *overloaded* when
+#        load(r) > OVERLOAD_RATIO * mean(load of the others) + slack,
+#      slack = OVERLOAD_SLACK_BLOCKS, or OVERLOAD_SLACK_REQUESTS when the
+#      loads are request counts (engines' reports). The others' mean, not the
+#      pool's: with 2 replicas, 2x the pool's mean can never be exceeded. The bound is checked
 #      per candidate: an overloaded replica is skipped, everyone else keeps
 #      their affinity. There is no fleet-wide "affinity off" switch, which is
 #      what sent upstream routers into hot spots and death spirals.
@@ -85,6 +88,7 @@ class PolicyConfig:
     alpha: float = 0.03
     overload_ratio: float = 2.0
     overload_slack_blocks: float = 200.0
+    overload_slack_requests: float = 2.0  # when loads are request counts (no pending_blocks)
     cold_free_fraction: float = 0.5
     popular_fraction: float = 0.5
     shared_fanout: int = 8
@@ -130,16 +134,22 @@ class BatonPolicy:
         if not load:
             raise ValueError("no live replica to route to")
         names = list(load)
-        mean = sum(load.values()) / len(names)
-        bound = cfg.overload_ratio * mean + cfg.overload_slack_blocks
-        ok = [n for n in names if load[n] <= bound] or names
+        blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
+        slack = cfg.overload_slack_blocks if blocks else cfg.overload_slack_requests
+        total = sum(load.values())
+
+        def within(n: str) -> bool:  # against the others' mean: with 2 replicas, 2x the mean never binds
+            others = (total - load[n]) / (len(names) - 1) if len(names) > 1 else load[n]
+            return load[n] <= cfg.overload_ratio * others + slack
+
+        ok = [n for n in names if within(n)] or names
 
         match = index.match(request.block_hashes)
         held = {n: match.get(n, 0) for n in names}
 
         if request.session is not None:
             pinned = pins.get(request.session, now)
-            if pinned in load and load[pinned] <= bound:
+            if pinned in load and within(pinned):
                 return RoutingDecision(pinned, "pinned", held[pinned])
 
         popular = max(

@@ -31,3 +31,18 @@ def test_least_loaded_picks_the_fewest_in_flight_and_takes_turns_among_equals():
     assert _pick(routing, 1) == ["b"]
     routing.inflight["decode"].update({"b": 1})  # a=2, b=1, c=1: b and c tie
     assert sorted(_pick(routing, 2)) == ["b", "c"]
+
+
+def test_engine_reported_load_counts_what_other_fronts_sent():
+    """Another front filled `a` (its engine reports 9 unfinished requests); this front sent
+    nothing anywhere, yet least-loaded avoids `a`, and so does Baton's overload bound."""
+    live = {"decode": {"a": {"unfinished": 9}, "b": {"unfinished": 0}, "c": {"unfinished": 1}}, "prefill": {}}
+    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None})
+    least = _routing("least_loaded")
+    assert {least._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(3)} == {"b"}
+    baton = _routing("baton")
+    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None})
+    d = baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0)
+    assert d.replica != "a" and d.repinned
+    live["decode"]["a"]["unfinished"] = 1  # a drains: the pin holds again
+    assert baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0).replica == "a"
