@@ -1,5 +1,6 @@
-"""Runs last (file order): kills a decode replica; the session moves and the
-pin follows. Serve replaces the replica afterwards.
+"""Runs last (file order): kills a decode replica; a request forwarded to it
+before its first token is retried on another; the session moves and the pin
+follows. Serve replaces the replica afterwards.
 
 Each decode replica serves the public port in its own process, as `vllm
 serve` does, so a client whose connection the killed replica had accepted
@@ -16,17 +17,55 @@ from tests.e2e import prompts
 from tests.e2e.test_routing import chat
 
 
-def test_session_moves_when_its_replica_dies(stack):
-    """Runs last: it kills a decode replica (Serve replaces it afterwards)."""
+def test_a_request_sent_to_a_dead_replica_is_retried_before_its_first_token(stack):
+    """Runs first in this file: it kills a decode replica (Serve replaces it afterwards).
+
+    For up to `routing.replica_timeout_s` after a replica dies, its registry entry
+    still looks alive and the session's pin still names it. The test holds that
+    window open (it writes the dead replica's last entry back with a fresh time),
+    so the front is sure to forward there, find it unreachable before the first
+    token, and run the request on another replica: same greedy answer, no error.
+    """
+    import json
+
+    import redis
+
     conversation = prompts.make("death", 60)
-    victim = chat(stack, conversation, session="sess-death").json()["baton"]["decode_replica"]
+    first = chat(stack, conversation, session="sess-death", max_tokens=8).json()
+    victim = first["baton"]["decode_replica"]
+    r = redis.Redis.from_url(stack.cfg["redis"]["url"])
+    entry = json.loads(r.hget("baton:replicas:decode", victim))
     stack.kill_replica("decode", victim)
+    host, port = entry["url"].rsplit("/", 1)[-1].rsplit(":", 1)
+    deadline = time.monotonic() + 30
+    while _listening(host.strip("[]"), int(port)):  # gone for good, not dying
+        assert time.monotonic() < deadline, "the killed replica still listens"
+        time.sleep(0.2)
+    r.hset("baton:replicas:decode", victim, json.dumps({**entry, "ts": time.time()}))
+    again = chat(stack, conversation, session="sess-death", max_tokens=8).json()
+    assert again["baton"]["retried_after"], again["baton"]  # the first attempt went to the dead replica
+    assert again["baton"]["decode_replica"] != victim
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+
+
+def test_session_moves_when_its_replica_dies(stack):
+    """After the dead replica's entry goes stale, the session's pin moves to a live one."""
     time.sleep(stack.cfg["routing"]["replica_timeout_s"] + 1.5)  # heartbeat goes stale, pin (TTL 10 s) stays
-    r = chat(stack, conversation, session="sess-death").json()["baton"]
-    assert r["decode_replica"] != victim
+    r = chat(stack, prompts.make("death", 60), session="sess-death").json()["baton"]
+    assert r["decode_replica"] in _live_decode(stack)
     metrics = urllib.request.urlopen(f"{stack.url}/metrics", timeout=10).read().decode()
     line = next(x for x in metrics.splitlines() if x.startswith('baton_repins_total{pool="decode"}'))
     assert float(line.split()[-1]) >= 1
+
+
+def _listening(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _live_decode(stack) -> list[str]:
