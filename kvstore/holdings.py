@@ -16,7 +16,9 @@ which the KV indexer applies like any other event.
 - `AuditedStore` wraps the worker's store handle, records the keys each
   batch put accepted, and runs the audit on a thread.
 
-No vLLM or torch import; `now` is passed in.
+A key the store cannot answer for (an error code, the store restarting) counts
+as gone: a store that comes back comes back empty, and an index that misses a
+block only under-predicts. No vLLM or torch import.
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ class PolicyConfig:
             raise ValueError("alpha must be >= 0")
         if self.overload_ratio < 1.0:
             raise ValueError("overload_ratio must be >= 1")
-        if self.overload_slack_blocks < 0:
-            raise ValueError("overload_slack_blocks must be >= 0")
+        if self.overload_slack_blocks < 0 or self.overload_slack_requests < 0:
+            raise ValueError("overload slacks must be >= 0")
         if self.shared_fanout < 2:
             raise ValueError("shared_fanout must be >= 2")
         if not 0.0 < self.popular_fraction <= 1.0:
