@@ -35,12 +35,15 @@ class KVIndex(ABC):
 
     @abstractmethod
     def apply_removed(self, replica: str, block_hashes: Iterable[int]) -> None:
-        """Records that `replica` evicted `block_hashes`; unknown hashes are ignored. A
-        block no replica holds any more is forgotten with its fan-out."""
+        """Records that `replica` evicted `block_hashes`. A hash the replica does not
+        hold changes nothing. A block no replica holds any more is forgotten with
+        its fan-out."""
 
     @abstractmethod
     def apply_cleared(self, replica: str) -> None:
-        """Records that `replica` dropped every block."""
+        """Records that `replica` dropped every block, as `apply_removed` of all it
+        holds. Queries see it as `remove_replica` leaves it: holding nothing and
+        absent from `replicas()`; it may store again at once."""
 
     def remove_replica(self, replica: str) -> None:
         """Forgets `replica` (it died or left the pool); unknown replicas are ignored."""
@@ -60,7 +63,9 @@ class KVIndex(ABC):
 
     @abstractmethod
     def fanout(self, block_hash: int) -> int:
-        """Distinct children recorded after `block_hash`, at most FANOUT_CAP."""
+        """Distinct children recorded after `block_hash`, at most FANOUT_CAP. A child
+        stays counted after it is evicted; the count goes only when `block_hash`
+        itself is forgotten (see `apply_removed`)."""
 
     @abstractmethod
     def num_blocks(self, replica: str) -> int:
@@ -68,4 +73,4 @@ class KVIndex(ABC):
 
     @abstractmethod
     def replicas(self) -> list[str]:
-        """The replicas that hold at least one block."""
+        """The replicas that hold at least one block, in no particular order."""

@@ -68,13 +68,15 @@ class RedisIndex(KVIndex):
         if not hashes:
             return
         pipe = self.r.pipeline(transaction=False)
-        pipe.srem(_r(replica), *hashes)
         for h in hashes:
+            pipe.srem(_r(replica), h)
             pipe.srem(_h(h), replica)
             pipe.exists(_h(h))
-        held = pipe.execute()[2::2]
-        orphans = [_c(h) for h, left in zip(hashes, held) if not left]
-        if orphans:  # nobody holds them: their fan-out goes too, as in PrefixIndex
+        res = pipe.execute()
+        # Only blocks the replica held count: removing one it never held changes
+        # nothing, even where nobody holds it (its recorded fan-out stays).
+        orphans = [_c(h) for h, was, left in zip(hashes, res[::3], res[2::3]) if was and not left]
+        if orphans:  # nobody holds them now: their fan-out goes too, as in PrefixIndex
             self.r.delete(*orphans)
 
     def apply_cleared(self, replica: str) -> None:

@@ -39,6 +39,17 @@ def test_removal_cuts_the_run_and_unknown_hashes_are_ignored(index):
     assert index.num_blocks("a") == 2
 
 
+def test_removing_a_block_the_replica_never_held_changes_nothing(index):
+    index.apply_stored("a", [5], parent=40)  # nobody holds 40; its fan-out is 1
+    index.apply_stored("b", [6], parent=40)
+    index.apply_removed("a", [40])
+    index.apply_removed("ghost", [40, 5])
+    assert [index.fanout(40), index.fanout(5)] == [2, 0]
+    assert index.match([5]) == {"a": 1} and index.match([6]) == {"b": 1}
+    index.apply_removed("a", [5])  # held, and nobody else holds it
+    assert index.match([5]) == {} and index.fanout(40) == 2
+
+
 def test_cleared_and_removed_replicas_hold_nothing(index):
     index.apply_stored("a", [1, 2])
     index.apply_stored("b", [1])
@@ -48,6 +59,8 @@ def test_cleared_and_removed_replicas_hold_nothing(index):
     index.remove_replica("b")
     index.remove_replica("never-seen")
     assert index.match([1]) == {} and index.replicas() == []
+    index.apply_stored("a", [1, 2])  # a cleared replica stores again
+    assert index.match([1, 2]) == {"a": 2} and index.num_blocks("a") == 2
 
 
 def test_fanout_counts_distinct_children_up_to_the_cap_and_goes_with_the_block(index):
@@ -55,6 +68,8 @@ def test_fanout_counts_distinct_children_up_to_the_cap_and_goes_with_the_block(i
     index.apply_stored("b", [12], parent=10)
     index.apply_stored("b", [12], parent=10)  # the same child again
     assert index.fanout(10) == 2 and index.fanout(11) == 0
+    index.apply_removed("b", [12])  # an evicted child stays counted
+    assert index.fanout(10) == 2
     for child in range(100, 100 + FANOUT_CAP + 5):
         index.apply_stored("c", [child], parent=1)
     assert index.fanout(1) == FANOUT_CAP

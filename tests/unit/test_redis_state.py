@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import redis
@@ -55,6 +56,30 @@ def test_snapshot_matches_the_in_memory_index(clients):
     assert [snap.fanout(h) for h in query] == [ref.fanout(h) for h in query]
     writer.apply_cleared("b")
     assert run(aio, lambda c: snapshot(c, query)).match(query) == {"a": 1, "c": 1}
+
+
+def test_random_event_streams_leave_both_backends_answering_alike(clients):
+    """Seeded streams of stores, removals (held or not), clears and removals of
+    replicas; after each event both backends give the same answers."""
+    sync, _ = clients
+    for seed in range(40):
+        sync.flushdb()
+        rng, both = random.Random(seed), (RedisIndex(sync), PrefixIndex())
+        for _ in range(40):
+            replica, k = rng.choice("abc"), rng.random()
+            if k < 0.5:
+                op = ("apply_stored", replica, rng.sample(range(20), rng.randint(1, 4)),
+                      rng.choice([None, rng.randrange(20)]))
+            elif k < 0.85:
+                op = ("apply_removed", replica, rng.sample(range(20), rng.randint(0, 3)))
+            else:
+                op = (rng.choice(["apply_cleared", "remove_replica"]), replica)
+            for index in both:
+                getattr(index, op[0])(*op[1:])
+            query = rng.sample(range(20), 4)
+            seen = [(ix.match(query), [ix.fanout(h) for h in range(20)],
+                     [ix.num_blocks(r) for r in "abc"], sorted(ix.replicas())) for ix in both]
+            assert seen[0] == seen[1], (seed, op)
 
 
 def test_policy_runs_unchanged_on_a_snapshot(clients):
