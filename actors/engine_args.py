@@ -65,7 +65,8 @@ def _lookup_id() -> int:
 def connector_extra(cfg: BatonConfig) -> dict[str, Any]:
     """kv_connector_extra_config for BatonStoreConnector: the holdings audit and the spill tier, if on."""
     m = cfg.mooncake
-    extra: dict[str, Any] = {"baton_audit_s": m.holdings_audit_s}
+    extra: dict[str, Any] = {"baton_audit_s": m.holdings_audit_s,
+                             "baton_master_http": f"http://{f'[{m.host}]' if ':' in m.host else m.host}:{m.master_metrics_port}"}
     if m.spill:
         extra["baton_spill"] = {
             "dir": str(cfg.spill_path()),

@@ -8,9 +8,9 @@ Loaded by name (`kv_connector="BatonStoreConnector"`,
 - with `baton_spill` in `kv_connector_extra_config` ({"dir", "cap_bytes",
   "min_free_bytes"}), the worker's store handle is wrapped in a
   SpillingStore, so pool evictions are backed by the NVMe tier;
-- the worker's store handle is wrapped in an AuditedStore (kvstore/holdings.py):
-  every `baton_audit_s` seconds it checks that some tier still holds what this
-  worker put, and publishes `BlockRemoved` (medium "cpu") for what none does,
+- with `baton_master_http` (the Mooncake master's HTTP port), the worker's store
+  handle is wrapped in an AuditedStore (kvstore/holdings.py): every
+  `baton_audit_s` seconds it checks that some tier still holds what this worker put, and publishes `BlockRemoved` (medium "cpu") for what none does,
   so the router's index drops store holdings when the store does.
 
 The live SpillingStore of this process is kept in `ACTIVE` for the worker
@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
     MooncakeStoreConnector,
 )
 
-from kvstore.holdings import AuditedStore, event_hash
+from kvstore.holdings import AuditedStore, event_hash, master_presence
 from kvstore.identity import ModelIdentity, config_digest
 from kvstore.spill import SpillTier
 from kvstore.spill_store import SpillingStore
@@ -70,11 +70,10 @@ class BatonStoreConnector(MooncakeStoreConnector):
             host = vllm_config.device_config.device_type == "cpu"
             self.spill = worker.store = SpillingStore(worker.store, tier, host_buffers=host)
             ACTIVE.append(self.spill)
-        if worker is not None and getattr(worker, "store", None) is not None:
-            store = worker.store
-            presence = store.holds if self.spill is not None else (
-                lambda keys: [rc == 1 for rc in store.batch_is_exist(keys)])
-            worker.store = AuditedStore(store, presence, self._report_gone,
+        master_http = extra.get("baton_master_http")
+        if master_http and worker is not None and getattr(worker, "store", None) is not None:
+            presence = master_presence(master_http, self.spill.tier.contains if self.spill else None)
+            worker.store = AuditedStore(worker.store, presence, self._report_gone,
                                         interval_s=float(extra.get("baton_audit_s", 1.0)))
 
     def _report_gone(self, keys: list[str]) -> None:

@@ -16,9 +16,11 @@ which the KV indexer applies like any other event.
 - `AuditedStore` wraps the worker's store handle, records the keys each
   batch put accepted, and runs the audit on a thread.
 
-A key the store cannot answer for (an error code, the store restarting) counts
-as gone: a store that comes back comes back empty, and an index that misses a
-block only under-predicts. No vLLM or torch import.
+Presence is read from the Mooncake master's key listing (`master_presence`),
+not with `batch_is_exist`: the master grants a read lease on every key that
+call finds, so an audit through it would keep every audited object leased
+and the pool could never evict (puts then fail with -200). A round whose
+listing cannot be read reports nothing. No vLLM or torch import.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.request
 from collections import OrderedDict
 from typing import Callable, Iterable
 
@@ -43,6 +46,17 @@ def event_hash(key: str, int_hashes: bool = True) -> int | bytes:
     """
     digest = key.rsplit("@", 1)[-1]
     return int(digest[-16:], 16) if int_hashes else bytes.fromhex(digest)
+
+
+def master_presence(master_http: str, on_disk: Callable[[str], bool] | None = None,
+                    timeout_s: float = 5.0) -> Presence:
+    """A presence check over the master's `/get_all_keys` listing (one GET a call, no
+    leases), plus `on_disk(key)` for the spill tier; raises if the listing cannot be read."""
+    def presence(keys: list[str]) -> list[bool]:
+        with urllib.request.urlopen(f"{master_http}/get_all_keys", timeout=timeout_s) as resp:
+            pool = set(resp.read().decode().split())
+        return [k in pool or (on_disk is not None and on_disk(k)) for k in keys]
+    return presence
 
 
 class StoreAudit:
@@ -97,7 +111,7 @@ class AuditedStore:
     """A store handle that remembers accepted puts and reports keys the store lost.
 
     `presence(keys)` answers whether any tier still holds each key without
-    changing anything (SpillingStore.holds, or the pool's batch_is_exist);
+    changing anything (`master_presence`);
     `report(keys)` is called from the audit thread with the keys gone.
     """
 

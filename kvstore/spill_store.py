@@ -73,10 +73,6 @@ class SpillingStore:
                     res[i] = 1  # batch_get_into_multi_buffers reads it from disk
         return res
 
-    def holds(self, keys: list[str]) -> list[bool]:
-        """Whether the pool or the disk still has each key; promotes nothing, changes nothing."""
-        return [rc == 1 or self.tier.contains(k) for k, rc in zip(keys, self._store.batch_is_exist(keys))]
-
     def batch_get_into_multi_buffers(self, keys, all_addrs, all_sizes, *args, **kwargs):
         """Loads from the pool; keys it lacks are read from disk into host buffers."""
         res = list(self._store.batch_get_into_multi_buffers(keys, all_addrs, all_sizes, *args, **kwargs))

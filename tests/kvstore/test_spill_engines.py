@@ -19,9 +19,8 @@ import pytest
 
 from common.config import parse_size
 from bench.kv_rig import KVRig, rig_config
-from kvstore.holdings import AuditedStore
+from kvstore.holdings import AuditedStore, master_presence
 from kvstore.spill import SpillTier, dir_usage
-from kvstore.spill_store import SpillingStore
 
 POOL = "16MB"
 CAP = "64MB"
@@ -159,29 +158,30 @@ def test_disk_cap_is_respected_and_overflow_only_costs_recompute(rig, loop, firs
 
 def test_the_store_audit_reports_what_no_tier_holds(rig, tmp_path):
     """On the real pool: a key the pool dropped is held while the disk has it, and reported
-    gone once neither tier has it; keys the pool still has are never reported."""
+    gone once neither tier has it; keys the pool still has are never reported, and the
+    audit takes no read leases (it lists keys on the master)."""
     client = rig.store_client()
+    m = rig.cfg.mooncake
     keys = [f"baton-audit-test@{i:064x}" for i in range(4)]
     for k in keys:
         assert client.put(k, os.urandom(4096)) == 0
     tier = SpillTier(tmp_path / "spill", "0" * 32, cap_bytes=1 << 20)
-    spilling = SpillingStore(client, tier, host_buffers=True)
     tier.put(keys[1], b"on disk")
     reported: list[str] = []
-    audited = AuditedStore(spilling, spilling.holds, reported.extend, interval_s=3600)
+    presence = master_presence(f"http://{m.host}:{m.master_metrics_port}", tier.contains)
+    audited = AuditedStore(client, presence, reported.extend, interval_s=3600)
     try:
         audited.audit.put(keys)
         client.remove(keys[1])  # on disk only: still held
         client.remove(keys[2])  # in no tier
-        assert audited.check_now() == [keys[2]]
-        assert reported == [keys[2]] and client.batch_is_exist([keys[1]]) == [0]  # nothing promoted
+        assert audited.check_now() == [keys[2]] and reported == [keys[2]]
         os.unlink(tier.path(keys[1]))
         assert audited.check_now() == [keys[1]]
         assert audited.check_now() == [] and len(audited.audit) == 2
+        assert client.remove(keys[0]) == 0  # no lease held by the audit: removable at once
     finally:
         audited.stop()
-        for k in (keys[0], keys[3]):
-            client.remove(k)
+        client.remove(keys[3])
 
 
 def test_full_disk_stops_spilling_and_serving_goes_on(rig, loop):
