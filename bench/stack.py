@@ -139,6 +139,48 @@ class StackProcess:
         )
         self.driver(code, f"SERVE_REPLICA::baton#{deployment}#{replica}")
 
+    def replica_processes(self, pool: str, replica: str) -> list:
+        """One replica's processes, the replica's own first (it listens on the
+        internal URL of its registry entry), then its vLLM EngineCore
+        children; psutil.Process each, for replicas on this machine."""
+        import psutil
+        import redis
+
+        from routing.redis_state import registry_key
+
+        raw = redis.Redis.from_url(self.cfg["redis"]["url"]).hget(registry_key(pool), replica)
+        host, port = json.loads(raw)["url"].rsplit("/", 1)[1].rsplit(":", 1)
+        pid = next(c.pid for c in psutil.net_connections("tcp") if c.pid and c.status == psutil.CONN_LISTEN
+                   and c.laddr.port == int(port) and c.laddr.ip == host.strip("[]"))
+        proc = psutil.Process(pid)
+        return [proc, *(c for c in proc.children(recursive=True) if "EngineCore" in " ".join(c.cmdline()))]
+
+    @staticmethod
+    def crash(processes: list, timeout_s: float = 30) -> None:
+        """SIGKILLs `processes` (a replica's, from replica_processes), in order,
+        as a crash would, and returns once they are gone, their sockets closed.
+        Serve starts a replacement once it sees the actor dead; the registry
+        entry stays until it goes stale. (kill_replica asks Ray instead, and
+        returns before the replica is gone.)"""
+        import psutil
+
+        def gone(p) -> bool:  # a zombie has closed its sockets already
+            try:
+                return p.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        for p in processes:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while not all(gone(p) for p in processes):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{processes} still running {timeout_s:.0f} s after SIGKILL")
+            time.sleep(0.01)
+
     def tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])

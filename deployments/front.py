@@ -13,7 +13,7 @@ its own vLLM OpenAI app. For a completion request it
    replica, has the prefill replica compute the KV into Mooncake;
 4. runs decode in this process when the policy chose this replica, else
    forwards the bytes to the chosen replica's internal server; a replica
-   that cannot be reached before it answers costs a retry here.
+   that fails before the request's first token costs a retry here.
 The tenant becomes vLLM's `cache_salt`; the rendered prompt ids travel in
 `kv_transfer_params.prompt_token_ids`, so no process tokenises twice.
 """
@@ -316,6 +316,7 @@ class Front:
                 return
             except relay.UpstreamUnavailable as exc:
                 info.retried_after = str(exc).split(":")[0]
+                self.metrics.retries.inc()
         inner = dict(scope)
         inner["headers"] = [(k, v) for k, v in scope["headers"]
                             if k not in (b"content-length", b"content-type", b"x-request-id", INFO_HEADER)]

@@ -44,7 +44,8 @@ def broken_stream_event(exc: BaseException) -> bytes:
 
 
 class UpstreamUnavailable(Exception):
-    """The other replica could not be reached before it answered anything."""
+    """The other replica failed before the client was sent anything (its first
+    token, or its whole answer when not streaming): the request may run elsewhere."""
 
 
 async def _deliver(queue: asyncio.Queue, send, extra_headers: list) -> None:
@@ -94,26 +95,36 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
                      timeout_s: float) -> Timing:
     """POSTs `body` to another replica and streams its answer to `send`.
 
-    Raises UpstreamUnavailable, without calling `on_done`, if the replica
-    fails before answering (the caller may run the request elsewhere); after that, a broken upstream ends
-    the stream early. `on_done` runs once the upstream answer ended.
+    Nothing reaches the client before the upstream's first body bytes (a
+    stream's first event comes with its first token), so a replica that dies
+    while the request waits in its queue or prefill raises UpstreamUnavailable,
+    without calling `on_done`, as one that cannot be reached does: the caller
+    may run the request elsewhere. After that, a broken upstream ends the
+    stream with an error event. `on_done` runs once the upstream answer ended.
     """
     timing = Timing()
     queue: asyncio.Queue = asyncio.Queue()
+    resp = None
     try:
         resp = await session.post(url, data=body, headers=headers,
                                   timeout=aiohttp.ClientTimeout(total=timeout_s))
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-        raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        chunk = await resp.content.readany()
+    except BaseException as exc:
+        if resp is not None:
+            resp.release()
+        if isinstance(exc, (aiohttp.ClientError, OSError, asyncio.TimeoutError)):
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        raise
     timing.status = resp.status
     start = {"type": "http.response.start", "status": resp.status,
              "headers": [(k, v) for k, v in resp.raw_headers if k.lower() not in _HOP]}
     delivery = asyncio.create_task(_deliver(queue, send, extra_headers))
     queue.put_nowait(start)
     try:
-        async for chunk in resp.content.iter_any():
+        while chunk:
             timing.body(chunk)
             queue.put_nowait({"type": "http.response.body", "body": chunk, "more_body": True})
+            chunk = await resp.content.readany()
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         # The replica died mid-answer: end the stream with an error event.
         queue.put_nowait({"type": "http.response.body", "body": broken_stream_event(exc), "more_body": True})

@@ -1,51 +1,62 @@
-"""Runs last (file order): kills a decode replica; a request forwarded to it
-before its first token is retried on another; the session moves and the pin
-follows. Serve replaces the replica afterwards.
+"""Runs last (file order): decode replicas die with requests on them.
 
-Each decode replica serves the public port in its own process, as `vllm
-serve` does, so a client whose connection the killed replica had accepted
-sees that connection close (never a hang). Every other request ends cleanly:
-completed, a clean error body, or a stream ended by an error event.
+Each case is made to happen for certain, not by racing a timer, and every
+wait is bounded (nothing may hang):
+1. a request forwarded to a replica that is already dead (its registry
+   entry still fresh) runs on the front that accepted it, same greedy answer;
+2. the session pinned to that dead replica then moves to a live one;
+3. a stream whose replica dies with the request in its engine's queue (the
+   engine core is stopped with SIGSTOP, so no token can come) is run again by
+   the front: the client sees only the healthy answer, never the death;
+4. a stream whose replica dies after its first token ends with an
+   OpenAI-style error event and `[DONE]`.
+Replicas die by SIGKILL of their processes (StackProcess.crash), which
+returns once they are gone; Serve replaces each.
+
+Each decode replica serves the public port in its own process (SO_REUSEPORT),
+so a client whose connection the dying replica accepted sees it close, as with
+`vllm serve`. Tests 3 and 4 therefore talk over one kept-alive connection that
+another replica's front accepted; the fronts' own admitted counts say which.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
-import urllib.request
 
+import httpx
+import redis
+
+from routing.redis_state import registry_key
 from tests.e2e import prompts
 from tests.e2e.test_routing import chat
 
+WAIT_S = 120  # the longest any request here may take
+
 
 def test_a_request_sent_to_a_dead_replica_is_retried_before_its_first_token(stack):
-    """Runs first in this file: it kills a decode replica (Serve replaces it afterwards).
-
-    For up to `routing.replica_timeout_s` after a replica dies, its registry entry
+    """For up to `routing.replica_timeout_s` after a replica dies, its registry entry
     still looks alive and the session's pin still names it. The test holds that
     window open (it writes the dead replica's last entry back with a fresh time),
-    so the front is sure to forward there, find it unreachable before the first
-    token, and run the request on another replica: same greedy answer, no error.
-    """
-    import json
-
-    import redis
-
+    so the front is sure to forward there, find it unreachable, and run the
+    request itself: same greedy answer, no error, one retry counted."""
+    _wait_pool(stack, 2)
     conversation = prompts.make("death", 60)
-    first = chat(stack, conversation, session="sess-death", max_tokens=8).json()
+    first = chat(stack, conversation, session="sess-death", max_tokens=16).json()
     victim = first["baton"]["decode_replica"]
     r = redis.Redis.from_url(stack.cfg["redis"]["url"])
-    entry = json.loads(r.hget("baton:replicas:decode", victim))
-    stack.kill_replica("decode", victim)
-    host, port = entry["url"].rsplit("/", 1)[-1].rsplit(":", 1)
-    deadline = time.monotonic() + 30
-    while _listening(host.strip("[]"), int(port)):  # gone for good, not dying
-        assert time.monotonic() < deadline, "the killed replica still listens"
-        time.sleep(0.2)
-    r.hset("baton:replicas:decode", victim, json.dumps({**entry, "ts": time.time()}))
-    again = chat(stack, conversation, session="sess-death", max_tokens=8).json()
-    assert again["baton"]["retried_after"], again["baton"]  # the first attempt went to the dead replica
-    assert again["baton"]["decode_replica"] != victim
+    entry = json.loads(r.hget(registry_key("decode"), victim))
+    stack.crash(stack.replica_processes("decode", victim))
+    r.hset(registry_key("decode"), victim, json.dumps({**entry, "ts": time.time()}))
+    retries = _own_counts(stack, "baton_retries_total")
+    again = chat(stack, conversation, session="sess-death", max_tokens=16).json()
+    baton = again["baton"]
+    assert baton["route"] == "pinned" and baton["retried_after"], baton  # it went to the dead replica first
+    assert baton["decode_replica"] != victim
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    assert again["choices"][0]["finish_reason"] == first["choices"][0]["finish_reason"]
+    assert _own_counts(stack, "baton_retries_total")[baton["decode_replica"]] == retries[baton["decode_replica"]] + 1
 
 
 def test_session_moves_when_its_replica_dies(stack):
@@ -53,77 +64,195 @@ def test_session_moves_when_its_replica_dies(stack):
     time.sleep(stack.cfg["routing"]["replica_timeout_s"] + 1.5)  # heartbeat goes stale, pin (TTL 10 s) stays
     r = chat(stack, prompts.make("death", 60), session="sess-death").json()["baton"]
     assert r["decode_replica"] in _live_decode(stack)
-    metrics = urllib.request.urlopen(f"{stack.url}/metrics", timeout=10).read().decode()
-    line = next(x for x in metrics.splitlines() if x.startswith('baton_repins_total{pool="decode"}'))
+    line = next(x for x in httpx.get(f"{stack.url}/metrics", timeout=10).text.splitlines()
+                if x.startswith('baton_repins_total{pool="decode"}'))
     assert float(line.split()[-1]) >= 1
 
 
-def _listening(host: str, port: int) -> bool:
-    import socket
+def test_a_stream_whose_replica_dies_before_its_first_token_gets_the_healthy_answer(stack):
+    """The victim's engine core is stopped, so the victim accepts the stream
+    (and sends its headers) but can produce no token; it is killed once its
+    engine holds the request. The front that forwarded it runs it again."""
+    _wait_pool(stack, 2)
+    messages = prompts.make("death-queue", 60)
+    healthy = chat(stack, messages, session="sess-queue", max_tokens=16).json()
+    victim = healthy["baton"]["decode_replica"]
+    status, events, front, grew = asyncio.run(_die_in_queue(stack, victim, messages))
+    assert status == 200, events
+    assert grew == {"baton_admitted_total": 1, "baton_retries_total": 1}  # it came through `front`, once retried
+    assert events[-1] == "[DONE]", events
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks
+    baton = chunks[-1]["baton"]  # the usage chunk
+    assert baton["route"] == "pinned" and baton["decode_replica"] == front, baton
+    # The victim held the request when it died (it was not merely unreachable):
+    # with the stream's headers sent, the answer broke before its first byte.
+    assert baton["retried_after"] not in (None, "ClientConnectorError"), baton
+    assert _text(chunks) == healthy["choices"][0]["message"]["content"]
+    assert _finish(chunks) == [healthy["choices"][0]["finish_reason"]]
 
+
+def test_a_stream_whose_replica_dies_after_its_first_token_ends_with_an_error_event(stack):
+    """Killed as soon as the client has a token: the stream cannot be run again
+    (the client has part of it), so the front ends it cleanly."""
+    _wait_pool(stack, 2)
+    messages = prompts.make("death-stream", 30)
+    victim = chat(stack, messages, session="sess-mid").json()["baton"]["decode_replica"]
+    status, events, grew = asyncio.run(_die_mid_stream(stack, victim, messages))
+    assert status == 200, events
+    assert grew == {"baton_admitted_total": 1, "baton_retries_total": 0}  # through another front, no retry
+    assert events[-1] == "[DONE]", events
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and err["code"] == "engine_unavailable", err
+    chunks = [json.loads(e) for e in events[:-2]]
+    assert _text(chunks) and _finish(chunks) == []  # tokens came, then the break, no finish
+    _wait_pool(stack, 2)  # and the pool recovers
+    assert chat(stack, prompts.make("after death", 30)).status_code == 200
+
+
+# -- a replica dies under a request -------------------------------------------
+
+async def _die_in_queue(stack, victim: str, messages: list[dict]):
+    """Streams `messages` in session sess-queue (pinned to `victim`) through
+    another front while the victim's engine core is stopped; once the victim
+    holds the request, kills it. Returns status, events, the front, and how
+    much the front's admitted and retry counts grew."""
+    client, front = await _client_on_another_front(stack, victim)
+    processes = stack.replica_processes("decode", victim)
+    assert len(processes) == 2, processes  # the replica and its engine core
+    before = {name: _own_counts(stack, name)[front] for name in ("baton_admitted_total", "baton_retries_total")}
+    processes[1].suspend()
     try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+        stopped = time.time()
+        await asyncio.to_thread(_wait_engine_load, stack, victim, stopped, 0)  # a beat since the stop
+        body = {**_body(messages, 16), "stream_options": {"include_usage": True}}
+        task = asyncio.create_task(_stream(client, body, "sess-queue", None))
+        await asyncio.to_thread(_wait_engine_load, stack, victim, stopped, 1)  # the request is in
+    finally:
+        stack.crash(processes)
+    try:
+        status, events = await asyncio.wait_for(task, WAIT_S)
+    finally:
+        await client.aclose()
+    after = {name: _own_counts(stack, name)[front] for name in before}
+    return status, events, front, {name: after[name] - before[name] for name in before}
+
+
+async def _die_mid_stream(stack, victim: str, messages: list[dict]):
+    """Streams a long answer in session sess-mid (pinned to `victim`) through
+    another front; kills the victim once the first token arrived. Returns
+    status, events and how much the front's admitted and retry counts grew."""
+    client, front = await _client_on_another_front(stack, victim)
+    processes = stack.replica_processes("decode", victim)
+    names = ("baton_admitted_total", "baton_retries_total")
+    before = {name: _own_counts(stack, name)[front] for name in names}
+    first = asyncio.Event()
+    # As long an answer as the context takes: it must outlast the kill.
+    body = {**_body(messages, stack.cfg.get("model", {}).get("max_model_len", 2048) - 200), "ignore_eos": True}
+    task = asyncio.create_task(_stream(client, body, "sess-mid", first))
+    try:
+        await asyncio.wait_for(first.wait(), WAIT_S)
+    finally:
+        stack.crash(processes)
+    try:
+        status, events = await asyncio.wait_for(task, WAIT_S)
+    finally:
+        await client.aclose()
+    after = {name: _own_counts(stack, name)[front] for name in names}
+    return status, events, {name: after[name] - before[name] for name in names}
+
+
+# -- helpers ------------------------------------------------------------------
+
+def _body(messages: list[dict], max_tokens: int) -> dict:
+    return {"model": "baton-tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+
+
+async def _stream(client: httpx.AsyncClient, body: dict, session: str, first_token: asyncio.Event | None):
+    """(status, the `data:` payloads); sets `first_token` when a content token arrives."""
+    events: list[str] = []
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"x-session-affinity": session}) as r:
+        if r.status_code != 200:
+            return r.status_code, [(await r.aread()).decode()]
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if first_token is not None and events[-1] != "[DONE]" and _text([json.loads(events[-1])]):
+                first_token.set()
+    return r.status_code, events
+
+
+async def _client_on_another_front(stack, victim: str, attempts: int = 20):
+    """(client, front): an httpx client whose one kept-alive connection the
+    front of a live replica other than `victim` accepted. The kernel spreads
+    new connections over the replicas; a probe request on each says which
+    front took it (the one whose admitted count grew)."""
+    for i in range(attempts):
+        client = httpx.AsyncClient(base_url=stack.url, timeout=WAIT_S, limits=httpx.Limits(
+            max_connections=1, max_keepalive_connections=1, keepalive_expiry=WAIT_S))
+        before = _own_counts(stack, "baton_admitted_total")
+        r = await client.post("/v1/chat/completions", json={
+            "model": "baton-tiny", "max_tokens": 1, "messages": [{"role": "user", "content": f"probe {i}"}]})
+        assert r.status_code == 200, r.text
+        after = _own_counts(stack, "baton_admitted_total")
+        grew = [replica for replica in after if after[replica] > before.get(replica, 0)]
+        assert len(grew) == 1, (before, after)
+        if grew[0] != victim:
+            return client, grew[0]
+        await client.aclose()
+    raise AssertionError(f"{attempts} connections in a row went to {victim}")
+
+
+def _text(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+
+
+def _finish(chunks: list[dict]) -> list:
+    return [c["choices"][0]["finish_reason"] for c in chunks
+            if c.get("choices") and c["choices"][0]["finish_reason"]]
+
+
+def _entries(stack) -> dict[str, dict]:
+    raw = redis.Redis.from_url(stack.cfg["redis"]["url"]).hgetall(registry_key("decode"))
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
 def _live_decode(stack) -> list[str]:
-    import json
-
-    import redis
-
-    raw = redis.Redis.from_url(stack.cfg["redis"]["url"]).hgetall("baton:replicas:decode")
     timeout = stack.cfg["routing"]["replica_timeout_s"]
-    return [k.decode() for k, v in raw.items() if time.time() - json.loads(v)["ts"] <= timeout]
+    return [k for k, v in _entries(stack).items() if time.time() - v["ts"] <= timeout]
+
+
+def _own_counts(stack, metric: str) -> dict[str, float]:
+    """`metric` summed over its labels in each live decode replica's own metrics
+    (its internal /baton/metrics; the public /metrics sums all replicas)."""
+    entries, out = _entries(stack), {}
+    for replica in _live_decode(stack):
+        try:
+            text = httpx.get(f"{entries[replica]['url']}/baton/metrics", timeout=10).text
+        except httpx.TransportError:
+            continue  # dead, its entry not yet stale
+        out[replica] = sum(float(line.split()[-1]) for line in text.splitlines()
+                           if line.startswith((f"{metric} ", f"{metric}{{")))
+    return out
+
+
+def _wait_engine_load(stack, replica: str, since: float, unfinished: int, timeout_s: float = 30) -> None:
+    """Until `replica` beats, after `since`, that its engine holds `unfinished` requests."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        entry = _entries(stack)[replica]
+        if entry["ts"] > since and entry.get("unfinished") == unfinished:
+            return
+        assert time.monotonic() < deadline, f"{replica}: {entry}"
+        time.sleep(0.05)
 
 
 def _wait_pool(stack, n: int, timeout_s: float = 420) -> None:
+    """Until `n` decode replicas answer (a replica killed a moment ago may still look live)."""
     deadline = time.monotonic() + timeout_s
-    while len(_live_decode(stack)) < n and time.monotonic() < deadline:
-        time.sleep(2)
-    assert len(_live_decode(stack)) >= n, "decode pool did not recover"
-
-
-def test_requests_in_flight_survive_a_decode_replica_dying(stack):
-    import asyncio
-    import json
-
-    import httpx
-
-    _wait_pool(stack, 2)  # the replica killed above has been replaced
-
-    async def one(client, i):
-        body = {"model": "baton-tiny", "stream": True, "max_tokens": 150, "ignore_eos": True,
-                "messages": [{"role": "user", "content": f"in flight {i} " + "word " * 40}]}
-        events = []
-        try:
-            async with client.stream("POST", f"{stack.url}/v1/chat/completions", json=body) as r:
-                if r.status_code != 200:
-                    return r.status_code, await r.aread()
-                async for line in r.aiter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            return "closed", events  # its front was the replica that died
-        return 200, events
-
-    async def main():
-        async with httpx.AsyncClient(timeout=httpx.Timeout(120)) as client:
-            tasks = [asyncio.create_task(one(client, i)) for i in range(6)]
-            await asyncio.sleep(1.0)
-            stack.kill_replica("decode", _live_decode(stack)[0])
-            return await asyncio.wait_for(asyncio.gather(*tasks), 180)  # nothing hangs
-
-    for status, payload in asyncio.run(main()):
-        if status == "closed":
-            continue
-        if status != 200:  # failed before streaming: a clean error body, never a hang
-            assert status in (429, 503, 504) and b"error" in payload
-            continue
-        assert payload[-1] == "[DONE]"
-        last = json.loads(payload[-2])
-        # Either it completed, or it ended with an OpenAI-style error event.
-        assert "error" in last or last["choices"] == [] or last["choices"][0]["finish_reason"]
-    _wait_pool(stack, 2)  # and the pool recovers
-    assert chat(stack, prompts.make("after death", 30)).status_code == 200
+    while len(_own_counts(stack, "baton_admitted_total")) < n and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(_own_counts(stack, "baton_admitted_total")) >= n, "decode pool did not recover"
