@@ -120,7 +120,7 @@ async def _die_in_queue(stack, victim: str, messages: list[dict]):
     client, front = await _client_on_another_front(stack, victim)
     processes = stack.replica_processes("decode", victim)
     assert len(processes) == 2, processes  # the replica and its engine core
-    before = {name: _own_counts(stack, name)[front] for name in ("baton_admitted_total", "baton_retries_total")}
+    before = _front_counts(stack, front)
     processes[1].suspend()
     try:
         stopped = time.time()
@@ -134,8 +134,7 @@ async def _die_in_queue(stack, victim: str, messages: list[dict]):
         status, events = await asyncio.wait_for(task, WAIT_S)
     finally:
         await client.aclose()
-    after = {name: _own_counts(stack, name)[front] for name in before}
-    return status, events, front, {name: after[name] - before[name] for name in before}
+    return status, events, front, _growth(stack, front, before)
 
 
 async def _die_mid_stream(stack, victim: str, messages: list[dict]):
@@ -144,8 +143,7 @@ async def _die_mid_stream(stack, victim: str, messages: list[dict]):
     status, events and how much the front's admitted and retry counts grew."""
     client, front = await _client_on_another_front(stack, victim)
     processes = stack.replica_processes("decode", victim)
-    names = ("baton_admitted_total", "baton_retries_total")
-    before = {name: _own_counts(stack, name)[front] for name in names}
+    before = _front_counts(stack, front)
     first = asyncio.Event()
     # As long an answer as the context takes: it must outlast the kill.
     body = {**_body(messages, stack.cfg.get("model", {}).get("max_model_len", 2048) - 200), "ignore_eos": True}
@@ -158,11 +156,23 @@ async def _die_mid_stream(stack, victim: str, messages: list[dict]):
         status, events = await asyncio.wait_for(task, WAIT_S)
     finally:
         await client.aclose()
-    after = {name: _own_counts(stack, name)[front] for name in names}
-    return status, events, {name: after[name] - before[name] for name in names}
+    return status, events, _growth(stack, front, before)
 
 
 # -- helpers ------------------------------------------------------------------
+
+COUNTERS = ("baton_admitted_total", "baton_retries_total")
+
+
+def _front_counts(stack, front: str) -> dict[str, float]:
+    """The front's own admitted and retry counts."""
+    return {name: _own_counts(stack, name)[front] for name in COUNTERS}
+
+
+def _growth(stack, front: str, before: dict[str, float]) -> dict[str, float]:
+    """How much the front's counts grew since `before`."""
+    after = _front_counts(stack, front)
+    return {name: after[name] - before[name] for name in COUNTERS}
 
 def _body(messages: list[dict], max_tokens: int) -> dict:
     return {"model": "baton-tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
