@@ -83,3 +83,13 @@ class KVProbeExtension:
         from kvstore.connector import ACTIVE
 
         return ACTIVE[-1].snapshot() if ACTIVE else {}
+
+    def spill_refresh(self) -> int:
+        """Lists the spill directory into this worker's tier index now (it does every
+        few seconds by itself); returns the objects it lists. -1 if the tier is off."""
+        from kvstore.connector import ACTIVE
+
+        if not ACTIVE:
+            return -1
+        ACTIVE[-1].tier.refresh()
+        return len(ACTIVE[-1].tier.index)

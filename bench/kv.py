@@ -7,13 +7,15 @@ measures, interleaved, the decode engine's time to first token when
 - recompute: the prefix is in no tier, the engine computes it;
 - memory: the prefill engine saved it, the decode engine loads it from the pool;
 - disk: its keys are removed from the pool and its spill files dropped from
-  the page cache, so the decode engine promotes them from disk and loads them.
+  the page cache, so the decode engine reads them from disk into its KV
+  buffers.
 
-Both engines' own prefix caches are emptied before every measurement. Next to
-the tiers' own read rates (the pool through a Mooncake client, the spill
-files through the tier with checksums) it measures, in the same run, raw
-loopback TCP bandwidth and the disk's sequential read bandwidth. Prints a
-table and one JSON line; writes JSON and a plot.
+Both engines' own prefix caches are emptied before every measurement. The
+tiers' read rates are the decode worker's own (bytes loaded over the seconds
+its pool and disk loads took, kvstore/spill_store.py's counters); next to
+them it measures, in the same run, raw loopback TCP bandwidth and the disk's
+sequential read bandwidth, and over the whole run the store traffic per byte
+of KV saved. Prints a table and one JSON line; writes JSON and a plot.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from pathlib import Path
 from common.constants import REPO_ROOT
 from bench.stack import bench_workdir
 from bench.kv_rig import KVRig, rig_config
-from kvstore.spill import SpillTier
 
 MODELS = REPO_ROOT / "models"
 
@@ -96,8 +97,13 @@ def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1
     return total / dt
 
 
+def _rate(before: dict, after: dict, nbytes: str, seconds: str) -> float:
+    """Bytes/s of a worker's loads between two counter snapshots (0 if it loaded nothing)."""
+    dt = after.get(seconds, 0) - before.get(seconds, 0)
+    return (after.get(nbytes, 0) - before.get(nbytes, 0)) / dt if dt > 0 else 0.0
+
+
 async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
-    tier = SpillTier(rig.cfg.spill_path(), _identity_of(rig), cap_bytes=1 << 62)
     client = rig.store_client()
     rows: dict[int, dict[str, list]] = {n: {"recompute": [], "memory": [], "disk": [], "cached": [],
                                             "pool_Bps": [], "disk_tier_Bps": []} for n in lengths}
@@ -121,37 +127,39 @@ async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
             await rig.prefill(prompt)
             await rig.wait_spilled()
             files = {p: k for p, k in rig.spill_files().items() if p not in before}
-            keys = list(files.values())
             await rig.reset_local_caches()
+            s0 = await rig.spill_stats("decode")
             mem = await rig.decode(prompt, max_tokens=1)
+            s1 = await rig.spill_stats("decode")
             rows[n]["memory"].append(mem.ttft_s)
             rows[n]["cached"].append(mem.cached_tokens)
-            t0 = time.perf_counter()
-            nbytes = sum(len(v) for v in client.get_batch(keys))
-            rows[n]["pool_Bps"].append(nbytes / (time.perf_counter() - t0))
+            rows[n]["pool_Bps"].append(_rate(s0, s1, "pool_load_bytes", "pool_load_s"))
 
-            for p in files:
-                drop_page_cache(p)
-            t0 = time.perf_counter()
-            nbytes = sum(len(tier.get(k) or b"") for k in keys)
-            rows[n]["disk_tier_Bps"].append(nbytes / (time.perf_counter() - t0))
-            for k in keys:
+            for k in files.values():
                 client.remove(k, True)
             for p in files:
                 drop_page_cache(p)
             await rig.reset_local_caches()
+            s0 = await rig.spill_stats("decode")
             rows[n]["disk"].append((await rig.decode(prompt, max_tokens=1)).ttft_s)
+            s1 = await rig.spill_stats("decode")
+            rows[n]["disk_tier_Bps"].append(_rate(s0, s1, "loaded_from_disk_bytes", "disk_load_s"))
             bar.update(1)
     bar.close()
     return rows
 
 
-def _identity_of(rig: KVRig) -> str:
-    """The identity digest the engines use, read back from a spill file's directory name."""
-    dirs = [d.name for d in rig.cfg.spill_path().iterdir() if d.is_dir()]
-    if len(dirs) != 1:
-        raise RuntimeError(f"expected one identity directory under {rig.cfg.spill_path()}, got {dirs}")
-    return dirs[0]
+async def _traffic(rig: KVRig) -> dict:
+    """Store traffic over the run per byte of KV the pool accepted (saved)."""
+    p, d = await rig.spill_stats("prefill"), await rig.spill_stats("decode")
+    saved = p.get("saved_bytes", 0) or 1
+    moved = {name: p.get(name, 0) + d.get(name, 0)
+             for name in ("pool_put_bytes", "pool_reread_bytes", "pool_promote_bytes", "tier_put_bytes")}
+    return {"saved_MiB": round(saved / 2**20, 1),
+            "store_bytes_per_saved_byte": round((moved["pool_put_bytes"] + moved["pool_reread_bytes"]
+                                                 + moved["pool_promote_bytes"]) / saved, 3),
+            "disk_bytes_written_per_saved_byte": round(moved["tier_put_bytes"] / saved, 3),
+            **{k: round(v / 2**20, 1) for k, v in moved.items()}}
 
 
 def _summary(rows: dict, kv_bytes_per_token: int) -> list[dict]:
@@ -195,17 +203,18 @@ def _plot(summary: list[dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="baton bench kv", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "bench"], default="bench",
-                        help="tiny: the default 2-layer model; bench: an 8-layer, 1024-wide Llama")
-    parser.add_argument("--lengths", default="256,512,1024,1984", help="prefix lengths in tokens")
+    parser.add_argument("--model", choices=["tiny", "bench", "kv"], default="kv",
+                        help="tiny: the default 2-layer model; bench: an 8-layer, 1024-wide Llama; "
+                             "kv: 16 layers, 8 KV heads of 128 (128 KiB of KV per token)")
+    parser.add_argument("--lengths", default="1024,1536,1984", help="prefix lengths in tokens")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--pool", default="2GB", help="Mooncake memory pool")
+    parser.add_argument("--pool", default="4GB", help="Mooncake memory pool")
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: in the workdir)")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     from cluster import tiny_model
 
-    model = MODELS / ("tiny-llama" if args.model == "tiny" else "bench-llama")
+    model = MODELS / {"tiny": "tiny-llama", "bench": "bench-llama", "kv": "kv-llama"}[args.model]
     print(f"model {model} ...", file=sys.stderr, flush=True)
     tiny_model.generate(model, size=args.model)
     workdir = bench_workdir("bench-kv")
@@ -216,14 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     seq = disk_sequential_read(cfg.spill_path().parent)
     rig = KVRig(cfg, workdir)
     try:
-        rows = asyncio.run(_run(rig, lengths, args.reps))
+        rows, traffic = asyncio.run(_run(rig, lengths, args.reps))
     finally:
         rig.close()
     from deployments.metrics import kv_bytes_per_token
 
     summary = _summary(rows, kv_bytes_per_token(model, cfg.model.dtype))
     result = {"model": args.model, "reps": args.reps, "loopback_tcp_MBps": round(tcp / 1e6),
-              "disk_seq_read_MBps": round(seq / 1e6), "by_length": summary}
+              "disk_seq_read_MBps": round(seq / 1e6), "traffic": traffic, "by_length": summary}
     print(f"{'tokens':>7} {'KV MiB':>7} {'recompute':>10} {'memory':>8} {'disk':>8} "
           f"{'mem/re':>7} {'disk/re':>8} {'pool MB/s':>10} {'disk MB/s':>10}")
     for s in summary:
@@ -232,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['disk_tier_read_MBps']:>10}")
     print(f"raw loopback TCP {result['loopback_tcp_MBps']} MB/s, disk sequential read "
           f"{result['disk_seq_read_MBps']} MB/s")
+    print(f"store traffic {traffic['store_bytes_per_saved_byte']} B per B of KV saved "
+          f"({traffic['saved_MiB']} MiB saved), disk writes {traffic['disk_bytes_written_per_saved_byte']} B/B")
     (workdir / "bench_kv.json").write_text(json.dumps(result, indent=2))
     plot = args.plot or workdir / "bench_kv.png"
     _plot(summary, plot, f"KV tiers vs recompute ({args.model} model)")
@@ -240,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _run(rig: KVRig, lengths: list[int], reps: int) -> dict:
+async def _run(rig: KVRig, lengths: list[int], reps: int) -> tuple[dict, dict]:
     await rig.start(progress=lambda m: print(m, file=sys.stderr, flush=True))
-    return await _measure(rig, lengths, reps)
+    rows = await _measure(rig, lengths, reps)
+    return rows, await _traffic(rig)
 
 
 if __name__ == "__main__":

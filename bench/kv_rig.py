@@ -106,10 +106,16 @@ class KVRig:
         return (await engine.collective_rpc("spill_stats"))[0]
 
     async def wait_spilled(self, timeout: float = 60) -> None:
-        """Waits until the prefill worker's write-behind queue is empty."""
+        """Waits until the prefill worker's write-behind queue is empty and both tiers list its files."""
         deadline = time.monotonic() + timeout
         while (await self.spill_stats("prefill")).get("pending", 0) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        await self.refresh_spill_index()
+
+    async def refresh_spill_index(self) -> None:
+        """Has both engines' tiers list the spill directory now, rather than within their rescan period."""
+        for engine in (self.prefill_engine, self.decode_engine):
+            await engine.collective_rpc("spill_refresh")
 
     async def reset_local_caches(self) -> None:
         """Empties both engines' own prefix caches; the store and the spill tier keep their KV."""

@@ -32,12 +32,17 @@ VOCAB_SIZE = 1024
 MAX_POSITIONS = 2048
 MARKER = "baton_tiny_model.json"
 # "tiny" is the default model; "bench" is a wider 8-layer Llama for
-# benchmarks where recomputing a prompt should cost what it does on real models.
+# benchmarks where recomputing a prompt should cost what it does on real models;
+# "kv" has a realistic KV shape.
 SIZES = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
     "bench": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8),
+    # The KV shape of a mid-sized production model (16 layers, 8 KV heads of
+    # 128): 128 KiB of KV per token in float32, for `baton bench kv`.
+    "kv": dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=16,
+               num_attention_heads=8, num_key_value_heads=8, head_dim=128),
 }
 
 
