@@ -44,6 +44,10 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
             "kv_connector": "BatonStoreConnector",
             "kv_connector_module_path": "kvstore.connector",
             "kv_role": _KV_ROLE[role],
+            # A block the store announced and then could not deliver (evicted
+            # between lookup and load, a corrupted spill file) is recomputed,
+            # not an error for the request (vLLM's default is "fail").
+            "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {**connector_extra(cfg), "lookup_rpc_port": _lookup_id()},
         }
         if role == "prefill" and not cfg.mooncake.prefix_reuse:

@@ -150,13 +150,14 @@ async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
 
 
 async def _traffic(rig: KVRig) -> dict:
-    """Store traffic over the run per byte of KV the pool accepted (saved)."""
+    """Store traffic over the run per byte of KV the pool accepted (saved): the puts
+    themselves, plus what was read back from the pool to spill it or promoted into it."""
     p, d = await rig.spill_stats("prefill"), await rig.spill_stats("decode")
     saved = p.get("saved_bytes", 0) or 1
     moved = {name: p.get(name, 0) + d.get(name, 0)
-             for name in ("pool_put_bytes", "pool_reread_bytes", "pool_promote_bytes", "tier_put_bytes")}
+             for name in ("pool_reread_bytes", "pool_promote_bytes", "tier_put_bytes")}
     return {"saved_MiB": round(saved / 2**20, 1),
-            "store_bytes_per_saved_byte": round((moved["pool_put_bytes"] + moved["pool_reread_bytes"]
+            "store_bytes_per_saved_byte": round((saved + moved["pool_reread_bytes"]
                                                  + moved["pool_promote_bytes"]) / saved, 3),
             "disk_bytes_written_per_saved_byte": round(moved["tier_put_bytes"] / saved, 3),
             **{k: round(v / 2**20, 1) for k, v in moved.items()}}

@@ -48,6 +48,40 @@ def rig_config(workdir: Path, kv_cache_gb: float, model: Path | None = None, **m
     return BatonConfig.model_validate(data)
 
 
+def start_engine(cfg: BatonConfig, role: str):
+    """An AsyncLLM for `role` with Baton's connector and the KV probe (MOONCAKE_CONFIG_PATH must be set)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = engine_args.build(cfg, role)
+    args.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
+    return AsyncLLM.from_engine_args(args)
+
+
+async def prefill_on(engine, prompt: list[int]) -> None:
+    """Computes `prompt` on a producer engine and waits until its KV is in the pool."""
+    from vllm import SamplingParams
+
+    rid = f"p-{uuid.uuid4().hex[:12]}"
+    async for _ in engine.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1, temperature=0), rid):
+        pass
+    while any(await engine.collective_rpc("pending_kv_saves", args=(rid,))):
+        await asyncio.sleep(0.01)
+
+
+async def decode_on(engine, prompt: list[int], max_tokens: int = 8) -> Decoded:
+    """Greedy generation; cached tokens include those loaded from the store."""
+    from vllm import SamplingParams
+
+    t0 = time.perf_counter()
+    ttft = None
+    final = None
+    async for out in engine.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens, temperature=0),
+                                     f"d-{uuid.uuid4().hex[:12]}"):
+        ttft = ttft if ttft is not None else time.perf_counter() - t0
+        final = out
+    return Decoded(list(final.outputs[0].token_ids), final.num_cached_tokens or 0, ttft or 0.0)
+
+
 class KVRig:
     def __init__(self, cfg: BatonConfig, workdir: Path):
         self.cfg = cfg
@@ -57,49 +91,31 @@ class KVRig:
         self.prefill_engine = self.decode_engine = None
         self._client = None
 
-    async def start(self, progress=print) -> None:
-        """Starts master, store and both engines (about a minute on 2 cores)."""
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+    def start_store(self) -> Path:
+        """Starts the Mooncake master and store; returns the workers' Mooncake JSON."""
         for p in self.procs:
             p.start()
             p.wait_ready(60)
-        path = mooncake.write_worker_config(self.cfg.mooncake, self.workdir / "mooncake.json")
-        os.environ["MOONCAKE_CONFIG_PATH"] = str(path)
+        return mooncake.write_worker_config(self.cfg.mooncake, self.workdir / "mooncake.json")
+
+    async def start(self, progress=print) -> None:
+        """Starts master, store and both engines (about a minute on 2 cores)."""
+        os.environ["MOONCAKE_CONFIG_PATH"] = str(self.start_store())
         engines = []
         for role in ("prefill", "decode"):
             t0 = time.monotonic()
             progress(f"starting {role} engine ...")
-            args = engine_args.build(self.cfg, role)
-            args.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
-            engines.append(AsyncLLM.from_engine_args(args))
+            engines.append(start_engine(self.cfg, role))
             progress(f"{role} engine ready in {time.monotonic() - t0:.0f}s")
         self.prefill_engine, self.decode_engine = engines
 
     async def prefill(self, prompt: list[int]) -> None:
         """Computes `prompt` on the prefill engine and waits until its KV is in the pool."""
-        from vllm import SamplingParams
-
-        rid = f"p-{uuid.uuid4().hex[:12]}"
-        async for _ in self.prefill_engine.generate({"prompt_token_ids": prompt},
-                                                    SamplingParams(max_tokens=1, temperature=0), rid):
-            pass
-        while any(await self.prefill_engine.collective_rpc("pending_kv_saves", args=(rid,))):
-            await asyncio.sleep(0.01)
+        await prefill_on(self.prefill_engine, prompt)
 
     async def decode(self, prompt: list[int], max_tokens: int = 8) -> Decoded:
         """Greedy generation on the decode engine; cached tokens include those loaded from the store."""
-        from vllm import SamplingParams
-
-        t0 = time.perf_counter()
-        ttft = None
-        final = None
-        async for out in self.decode_engine.generate(
-                {"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens, temperature=0),
-                f"d-{uuid.uuid4().hex[:12]}"):
-            ttft = ttft if ttft is not None else time.perf_counter() - t0
-            final = out
-        return Decoded(list(final.outputs[0].token_ids), final.num_cached_tokens or 0, ttft or 0.0)
+        return await decode_on(self.decode_engine, prompt, max_tokens)
 
     async def spill_stats(self, role: str) -> dict:
         engine = self.prefill_engine if role == "prefill" else self.decode_engine

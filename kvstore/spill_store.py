@@ -21,8 +21,9 @@ changes three calls; everything else passes through:
   the disk (and the other way round). A corrupted file is a miss: vLLM
   recomputes those blocks.
 
-`stats` counts the store traffic (bytes put, read back, promoted and loaded
-per tier, and the seconds the loads took). Neither path raises on tier
+`stats` counts the store traffic (bytes saved into the pool, read back from
+it and promoted into it; bytes loaded per tier and the seconds the loads
+took). Neither path raises on tier
 trouble. No vLLM or torch import.
 """
 
@@ -166,11 +167,11 @@ class SpillingStore:
     def batch_put_from_multi_buffers(self, keys, all_addrs, all_sizes, *args, **kwargs):
         """Puts into the pool, then queues every key for the disk (with a copy of host buffers)."""
         res = self._store.batch_put_from_multi_buffers(keys, all_addrs, all_sizes, *args, **kwargs)
-        put = saved = 0
+        refused = saved = 0
         for key, addrs, sizes, rc in zip(keys, all_addrs, all_sizes, res):
             size = sum(sizes)
-            put += size
             saved += size if rc >= 0 else 0
+            refused += size if rc < 0 else 0
             if self.tier.full:
                 self._count(skipped_full=1)
             elif self.tier.contains(key):
@@ -181,7 +182,8 @@ class SpillingStore:
                 self._enqueue((key, None), 0)  # read back from the pool by the writer
             else:
                 self._count(rejected_not_spilled=1)
-        self._count(pool_put_bytes=put, saved_bytes=saved)
+        # A refused put fails at allocation on the master, before any byte moves.
+        self._count(saved_bytes=saved, pool_refused_bytes=refused)
         return res
 
     def _reserve(self, size: int) -> bool:
