@@ -35,6 +35,7 @@ from pathlib import Path
 from common.constants import REPO_ROOT
 from bench.stack import bench_workdir
 from bench.kv_rig import KVRig, rig_config
+from kvstore.spill import READERS
 
 MODELS = REPO_ROOT / "models"
 
@@ -78,23 +79,42 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
-def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1 << 20) -> float:
-    """Bytes/s reading a freshly written, fsynced file after dropping it from the page cache."""
-    path = directory / "seqread.bin"
+def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1 << 20, streams: int = 1) -> float:
+    """Bytes/s reading freshly written, fsynced files after dropping them from the page cache,
+    `streams` files at once (one reader thread each), `total` bytes in all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = [directory / f"seqread-{i}.bin" for i in range(streams)]
     block = os.urandom(chunk)
-    with open(path, "wb") as f:
-        for _ in range(total // chunk):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    drop_page_cache(str(path))
+    for path in paths:
+        with open(path, "wb") as f:
+            for _ in range(total // chunk // streams):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        drop_page_cache(str(path))
+
+    def read(path: Path) -> None:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(chunk):
+                pass
+
     t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.read(chunk):
-            pass
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(read, paths))
     dt = time.perf_counter() - t0
-    path.unlink()
-    return total / dt
+    for path in paths:
+        path.unlink()
+    return total // chunk // streams * chunk * streams / dt
+
+
+def paged_in() -> int:
+    """Bytes this machine has read from block devices so far (/proc/vmstat pgpgin, in KiB)."""
+    with open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("pgpgin "):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _rate(before: dict, after: dict, nbytes: str, seconds: str) -> float:
@@ -106,7 +126,7 @@ def _rate(before: dict, after: dict, nbytes: str, seconds: str) -> float:
 async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
     client = rig.store_client()
     rows: dict[int, dict[str, list]] = {n: {"recompute": [], "memory": [], "disk": [], "cached": [],
-                                            "pool_Bps": [], "disk_tier_Bps": []} for n in lengths}
+                                            "pool_Bps": [], "disk_tier_Bps": [], "device_share": []} for n in lengths}
     from tqdm import tqdm
 
     bar = tqdm(total=len(lengths) * reps, desc="bench kv", unit="prefix", file=sys.stderr)
@@ -140,10 +160,12 @@ async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
             for p in files:
                 drop_page_cache(p)
             await rig.reset_local_caches()
-            s0 = await rig.spill_stats("decode")
+            s0, dev0 = await rig.spill_stats("decode"), paged_in()
             rows[n]["disk"].append((await rig.decode(prompt, max_tokens=1)).ttft_s)
-            s1 = await rig.spill_stats("decode")
+            s1, dev1 = await rig.spill_stats("decode"), paged_in()
             rows[n]["disk_tier_Bps"].append(_rate(s0, s1, "loaded_from_disk_bytes", "disk_load_s"))
+            loaded = s1.get("loaded_from_disk_bytes", 0) - s0.get("loaded_from_disk_bytes", 0)
+            rows[n]["device_share"].append((dev1 - dev0) / loaded if loaded else 0.0)
             bar.update(1)
     bar.close()
     return rows
@@ -177,6 +199,9 @@ def _summary(rows: dict, kv_bytes_per_token: int) -> list[dict]:
             "disk_vs_recompute": round(med["disk"] / med["recompute"], 3),
             "pool_read_MBps": round(med["pool_Bps"] / 1e6),
             "disk_tier_read_MBps": round(med["disk_tier_Bps"] / 1e6),
+            # what the block devices delivered while the disk tier loaded, per byte loaded
+            # (about 1: the bytes came from the disk, not the page cache)
+            "device_read_per_loaded_byte": round(med["device_share"], 2),
         })
     return out
 
@@ -224,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print("raw bandwidths ...", file=sys.stderr, flush=True)
     tcp = loopback_tcp_bandwidth()
     seq = disk_sequential_read(cfg.spill_path().parent)
+    seq_par = disk_sequential_read(cfg.spill_path().parent, streams=READERS)
     rig = KVRig(cfg, workdir)
     try:
         rows, traffic = asyncio.run(_run(rig, lengths, args.reps))
@@ -233,15 +259,17 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = _summary(rows, kv_bytes_per_token(model, cfg.model.dtype))
     result = {"model": args.model, "reps": args.reps, "loopback_tcp_MBps": round(tcp / 1e6),
-              "disk_seq_read_MBps": round(seq / 1e6), "traffic": traffic, "by_length": summary}
+              "disk_seq_read_MBps": round(seq / 1e6), f"disk_seq_read_{READERS}_streams_MBps": round(seq_par / 1e6),
+              "traffic": traffic, "by_length": summary}
     print(f"{'tokens':>7} {'KV MiB':>7} {'recompute':>10} {'memory':>8} {'disk':>8} "
-          f"{'mem/re':>7} {'disk/re':>8} {'pool MB/s':>10} {'disk MB/s':>10}")
+          f"{'mem/re':>7} {'disk/re':>8} {'pool MB/s':>10} {'disk MB/s':>10} {'from dev':>9}")
     for s in summary:
         print(f"{s['prefix_tokens']:>7} {s['kv_mib']:>7} {s['ttft_recompute_ms']:>9}ms "
               f"{s['ttft_memory_ms']:>6}ms {s['ttft_disk_ms']:>6}ms {s['memory_vs_recompute']:>7} "
-              f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['disk_tier_read_MBps']:>10}")
+              f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['disk_tier_read_MBps']:>10} "
+              f"{s['device_read_per_loaded_byte']:>9}")
     print(f"raw loopback TCP {result['loopback_tcp_MBps']} MB/s, disk sequential read "
-          f"{result['disk_seq_read_MBps']} MB/s")
+          f"{result['disk_seq_read_MBps']} MB/s (one stream), {round(seq_par / 1e6)} MB/s ({READERS} streams)")
     print(f"store traffic {traffic['store_bytes_per_saved_byte']} B per B of KV saved "
           f"({traffic['saved_MiB']} MiB saved), disk writes {traffic['disk_bytes_written_per_saved_byte']} B/B")
     (workdir / "bench_kv.json").write_text(json.dumps(result, indent=2))

@@ -45,7 +45,7 @@ from kvstore.spill_format import (  # noqa: F401 - encode, decode, read_key: the
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _TMP_MAX_AGE_S = 300
-_READERS = 4  # objects read at once: a disk serves several outstanding reads faster than one
+READERS = 4  # objects read at once: a disk serves several outstanding reads faster than one
 
 
 class SpillTier:
@@ -73,7 +73,7 @@ class SpillTier:
         self.index = DiskIndex()
         self._lock = threading.Lock()
         self._full_until = float("-inf")
-        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="baton-spill-read")
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="baton-spill-read")
         self._stop = threading.Event()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.refresh()
