@@ -19,6 +19,7 @@ extension (actors/kv_probe.py) that reports its counters.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
@@ -68,7 +69,10 @@ class BatonStoreConnector(MooncakeStoreConnector):
             tier = SpillTier(spill["dir"], self.identity.digest, cap_bytes=int(spill["cap_bytes"]),
                              min_free_bytes=int(spill.get("min_free_bytes", 0)))
             host = vllm_config.device_config.device_type == "cpu"
-            self.spill = worker.store = SpillingStore(worker.store, tier, host_buffers=host)
+            saving = lambda: threading.current_thread() is getattr(worker, "kv_send_thread", None)  # noqa: E731
+            producer = vllm_config.kv_transfer_config.kv_role in ("kv_producer", "kv_both")
+            self.spill = worker.store = SpillingStore(worker.store, tier, host_buffers=host, saving=saving,
+                                                      republish=producer)
             ACTIVE.append(self.spill)
         master_http = extra.get("baton_master_http")
         if master_http and worker is not None and getattr(worker, "store", None) is not None:

@@ -11,15 +11,18 @@ changes three calls; everything else passes through:
   (full pool, Mooncake#3331) is spilled the same way. Past `backlog_bytes` of
   queued copies, or with device buffers, the writer reads accepted keys back
   from the pool instead (counted as `pool_reread_bytes`).
-- `batch_is_exist`: a key missing from the pool that the tier's index lists
-  is reported present. With host buffers it is then loaded straight from its
+- `batch_is_exist`: for a lookup, a key missing from the pool that the
+  tier's index lists is reported present (the save path's check before a put
+  sees the pool only). With host buffers it is then loaded straight from its
   file into the engine's buffers, and never put back into the pool; with
   device buffers it is promoted into the pool first (one `put_batch`).
 - `batch_get_into_multi_buffers`: keys the last lookups found only on disk
   are read from their files (several at a time, straight into the buffers);
   the rest come from the pool, and what the pool no longer has falls back to
   the disk (and the other way round). A corrupted file is a miss: vLLM
-  recomputes those blocks.
+  recomputes those blocks. A producer (`republish`) then puts what came
+  from disk back into the pool from its buffers, for consumers on nodes
+  whose spill directory is another.
 
 `stats` counts the store traffic (bytes saved into the pool, read back from
 it and promoted into it; bytes loaded per tier and the seconds the loads
@@ -35,6 +38,7 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict
+from typing import Callable
 
 from kvstore.spill import SpillTier
 
@@ -61,8 +65,11 @@ def copy_out(addrs: list[int], sizes: list[int]) -> bytearray:
 
 class SpillingStore:
     def __init__(self, store, tier: SpillTier, host_buffers: bool, queue_max: int = 65536,
-                 backlog_bytes: int = 256 << 20):
+                 backlog_bytes: int = 256 << 20, saving: Callable[[], bool] = lambda: False,
+                 republish: bool = False):
         self._store = store
+        self._saving = saving
+        self.republish = republish
         self.tier = tier
         self.host_buffers = host_buffers
         self.backlog_bytes = backlog_bytes
@@ -84,8 +91,14 @@ class SpillingStore:
     # -- read path --------------------------------------------------------
     def batch_is_exist(self, keys: list[str]) -> list[int]:
         """Presence per key in the pool or, by the tier's index (no disk read), on disk;
-        with device buffers, disk-only keys are promoted into the pool first."""
+        with device buffers, disk-only keys are promoted into the pool first. For the
+        save path's own check (`saving()`), presence in the pool only."""
         res = list(self._store.batch_is_exist(keys))
+        if self._saving():
+            # The save path asks whether a put is needed: an object only on
+            # disk is put into the pool again, since another node's engine
+            # loads from the pool (its own spill directory may not have it).
+            return res
         on_disk = [i for i, key in enumerate(keys) if res[i] != 1 and self.tier.contains(key)]
         if not on_disk:
             return res
@@ -134,7 +147,23 @@ class SpillingStore:
         self._fill(res, self._disk_get(keys, all_addrs, all_sizes, retry_disk), retry_disk)
         retry_pool = [i for i in disk_first if res[i] < 0]
         self._fill(res, self._pool_get(keys, all_addrs, all_sizes, retry_pool, *args, **kwargs), retry_pool)
+        if self.republish:
+            self._republish(keys, all_addrs, all_sizes, [i for i in sorted(disk_first) + retry_disk if res[i] >= 0])
         return res
+
+    def _republish(self, keys, all_addrs, all_sizes, positions: list[int]) -> None:
+        """Puts what was just loaded from disk back into the pool, from the engine's buffers
+        (no disk read): a producer's KV must reach consumers on nodes that cannot see its disk."""
+        if not positions:
+            return
+        try:
+            rcs = self._store.batch_put_from_multi_buffers(
+                [keys[i] for i in positions], [all_addrs[i] for i in positions], [all_sizes[i] for i in positions])
+        except Exception as exc:  # noqa: BLE001 - the load itself succeeded
+            log.warning("republishing %d keys failed: %s", len(positions), exc)
+            return
+        done = [i for i, rc in zip(positions, rcs) if rc >= 0]
+        self._count(republished=len(done), pool_promote_bytes=sum(sum(all_sizes[i]) for i in done))
 
     @staticmethod
     def _fill(res: list[int], got: list[int], positions) -> None:

@@ -126,6 +126,23 @@ def test_earliest_prompts_come_back_from_disk_with_identical_output(rig, loop, f
     assert after.get("promoted", 0) == before.get("promoted", 0)
 
 
+def test_a_prefill_engine_puts_what_it_loaded_from_disk_back_into_the_pool(rig, loop, first_pass):
+    """Decode engines on other nodes load from the pool, not from this node's disk."""
+    outs, files = first_pass
+    keys = list(files[5].values())
+    client = rig.store_client()
+    for key in keys:
+        client.remove(key, True)
+    assert _in_pool(rig, keys) == 0
+    loop.run_until_complete(rig.reset_local_caches())
+    before = loop.run_until_complete(rig.spill_stats("prefill"))
+    loop.run_until_complete(rig.prefill(_prompt(5)))
+    after = loop.run_until_complete(rig.spill_stats("prefill"))
+    assert after.get("loaded_from_disk", 0) - before.get("loaded_from_disk", 0) == BLOCKS
+    assert after.get("republished", 0) - before.get("republished", 0) == BLOCKS
+    assert _in_pool(rig, keys) == BLOCKS
+
+
 def test_corrupted_spill_objects_are_misses_and_output_is_correct(rig, loop, first_pass):
     outs, files = first_pass
     victim = 6
