@@ -300,11 +300,16 @@ class SpillTier:
             self.stats["scan_dropped"] += dropped
 
     def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.rescan_s):
+        """Lists the directory every `rescan_s`, or less often on a directory so large that
+        listing it takes more than 5% of that time (a listing then waits 20× its duration)."""
+        wait = self.rescan_s
+        while not self._stop.wait(wait):
+            t0 = time.monotonic()
             try:
                 self.refresh()
             except OSError:
                 self._count(scan_errors=1)
+            wait = next_listing_wait(self.rescan_s, time.monotonic() - t0)
 
     def usage(self) -> int:
         """Bytes of spill files under the root, scanned now."""
@@ -314,6 +319,11 @@ class SpillTier:
         """Stops the background listing and the readers."""
         self._stop.set()
         self._readers.shutdown(wait=False)
+
+
+def next_listing_wait(period_s: float, took_s: float) -> float:
+    """Seconds until the next directory listing: `period_s`, or 20× what the last one took."""
+    return max(period_s, 20 * took_s)
 
 
 def _pread_full(fd: int, buffers: list[memoryview], offset: int) -> bool:

@@ -101,3 +101,10 @@ def test_the_background_listing_runs_by_itself(tmp_path):
         time.sleep(0.02)
     mine.close()
     assert mine.contains("k")
+
+
+def test_a_slow_listing_spaces_out_the_next_one():
+    from kvstore.spill import next_listing_wait
+
+    assert next_listing_wait(2.0, 0.01) == 2.0  # a small directory: every period
+    assert next_listing_wait(2.0, 0.5) == 10.0  # listing costs at most 5% of a core
