@@ -95,6 +95,24 @@ class SpillTier:
         with self._lock:
             return self._name(key) in self.index
 
+    def probe(self, key: str) -> bool:
+        """`contains`, or, for a key the index does not list, whether its file exists (one
+        `stat`): another process may have written it since the last listing. A file found
+        is added to the index."""
+        name = self._name(key)
+        with self._lock:
+            if name in self.index:
+                return True
+            self.stats["probes"] += 1
+        try:
+            st = os.stat(self._file(name))
+        except OSError:
+            return False
+        with self._lock:
+            self.index.add(name, st.st_size, st.st_mtime)
+            self.stats["probe_hits"] += 1
+        return True
+
     def _count(self, **counts: int) -> None:
         with self._lock:
             self.stats.update(counts)
@@ -182,15 +200,17 @@ class SpillTier:
         """True while spilling is paused after the disk filled up."""
         return self.clock() < self._full_until
 
-    def put(self, key: str, payload: bytes | memoryview) -> bool:
-        """Writes `key` (atomically: temp file + rename), evicting LRU files to stay under the cap.
+    def put(self, key: str, payload: bytes | memoryview | list[memoryview]) -> bool:
+        """Writes `key` (atomically: temp file + rename), evicting LRU files to stay under the cap;
+        a list payload is written part after part.
 
         Returns False, writing nothing, while the disk is full or below the
         free-space floor, or if the object alone exceeds the cap.
         """
         name, k = self._name(key), key.encode()
-        head = header(self.identity, k, payload)
-        size = len(head) + len(payload)
+        parts = payload if isinstance(payload, list) else [payload]
+        head = header(self.identity, k, parts)
+        size = len(head) + sum(len(p) for p in parts)
         if size > self.cap_bytes:
             self._count(too_large=1)
             return False
@@ -204,7 +224,8 @@ class SpillTier:
             p.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(head)
-                f.write(payload)
+                for part in parts:
+                    f.write(part)
             os.replace(tmp, p)
         except OSError as exc:
             _remove(tmp)
@@ -217,7 +238,7 @@ class SpillTier:
         with self._lock:
             self.index.add(name, size, self.wall())
             self.stats["puts"] += 1
-            self.stats["put_bytes"] += len(payload)
+            self.stats["put_bytes"] += size - len(head)
         return True
 
     def _below_floor(self, size: int) -> bool:

@@ -8,11 +8,13 @@ changes three calls; everything else passes through:
   write-behind thread, which writes it to the spill tier. With host buffers
   (CPU engines) the object is copied out of the engine's buffers first (one
   memcpy), so nothing is read back from the pool; a key the pool *rejects*
-  (full pool, Mooncake#3331) is spilled the same way. Past `backlog_bytes` of
+  (full pool, Mooncake#3331) is written to disk at once, from the engine's
+  buffers, so it is there when a consumer looks it up. Past `backlog_bytes` of
   queued copies, or with device buffers, the writer reads accepted keys back
   from the pool instead (counted as `pool_reread_bytes`).
 - `batch_is_exist`: for a lookup, a key missing from the pool that the
-  tier's index lists is reported present (the save path's check before a put
+  tier's index lists (or, past the index, whose file a `stat` finds) is
+  reported present (the save path's check before a put
   sees the pool only). With host buffers it is then loaded straight from its
   file into the engine's buffers, and never put back into the pool; with
   device buffers it is promoted into the pool first (one `put_batch`).
@@ -99,7 +101,7 @@ class SpillingStore:
             # disk is put into the pool again, since another node's engine
             # loads from the pool (its own spill directory may not have it).
             return res
-        on_disk = [i for i, key in enumerate(keys) if res[i] != 1 and self.tier.contains(key)]
+        on_disk = self._on_disk(keys, res)
         if not on_disk:
             return res
         if self.host_buffers:
@@ -114,6 +116,23 @@ class SpillingStore:
         for i in self._promote([keys[i] for i in on_disk]):
             res[on_disk[i]] = 1
         return res
+
+    def _on_disk(self, keys: list[str], in_pool: list[int]) -> list[int]:
+        """Positions of keys the pool lacks and the disk has: by the tier's index, and from
+        the first key the index does not list on, by looking at the disk (a `stat` per key,
+        until one is missing), since another process may have spilled it since the last
+        listing (a put the pool refused is spilled before the save completes)."""
+        found, probing = [], True
+        for i, key in enumerate(keys):
+            if in_pool[i] == 1:
+                continue
+            if self.tier.contains(key):
+                found.append(i)
+            elif probing and self.tier.probe(key):
+                found.append(i)
+            else:
+                probing = False
+        return found
 
     def _promote(self, keys: list[str]) -> list[int]:
         """Puts the disk objects of `keys` into the pool in one batch; the positions promoted."""
@@ -205,6 +224,11 @@ class SpillingStore:
                 self._count(skipped_full=1)
             elif self.tier.contains(key):
                 self._count(already_on_disk=1)
+            elif rc < 0 and self.host_buffers:
+                # The pool refused it: write it now, from the engine's buffers, so
+                # it is on disk before the save completes and a consumer looks it up.
+                if self.tier.put(key, host_views(addrs, sizes)):
+                    self._count(spilled_refused=1)
             elif self.host_buffers and self._reserve(size):
                 self._enqueue((key, copy_out(addrs, sizes)), size)
             elif rc >= 0:

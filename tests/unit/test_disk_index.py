@@ -108,3 +108,12 @@ def test_a_slow_listing_spaces_out_the_next_one():
 
     assert next_listing_wait(2.0, 0.01) == 2.0  # a small directory: every period
     assert next_listing_wait(2.0, 0.5) == 10.0  # listing costs at most 5% of a core
+
+
+def test_a_probe_finds_a_file_written_since_the_last_listing(tmp_path):
+    mine = SpillTier(tmp_path, ID, cap_bytes=1 << 20, rescan_s=0)
+    other = SpillTier(tmp_path, ID, cap_bytes=1 << 20, rescan_s=0)
+    other.put("k", [memoryview(b"ab"), memoryview(b"cd")])  # written part after part
+    assert not mine.contains("k") and mine.probe("k") and mine.contains("k")
+    assert mine.get("k") == b"abcd"
+    assert not mine.probe("absent") and mine.stats["probes"] == 2 and mine.stats["probe_hits"] == 1
