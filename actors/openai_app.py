@@ -195,6 +195,14 @@ class EngineApp:
         """Requests in this engine now (waiting or running), whoever sent them."""
         return 0 if self.engine is None else self.engine.get_num_unfinished_requests()
 
+    async def engine_load(self) -> dict:
+        """The scheduler's own figures (running, waiting, free and total KV blocks, the
+        oldest wait; actors/vllm_plugin.py `baton_load`); {} if the engine cannot say."""
+        try:
+            return await self.engine.engine_core.call_utility_async("baton_load")
+        except Exception:  # noqa: BLE001 - a load report is optional; routing falls back to counts
+            return {}
+
     def errored(self) -> bool:
         return self.engine is None or bool(self.engine.errored)
 

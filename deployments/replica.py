@@ -120,9 +120,18 @@ class EngineReplica:
             await self.leases.start()
             await self.keys.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
+        self.engine_load: dict = await self.engine.engine_load()
+        self._load_task = asyncio.ensure_future(self._refresh_load())
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url,
-            "events_replay": self.engine.events_replay}, load=lambda: {"unfinished": self.engine.running()})
+            "events_replay": self.engine.events_replay},
+            load=lambda: {**self.engine_load, "unfinished": self.engine.running()})
+
+    async def _refresh_load(self) -> None:
+        """Keeps `engine_load` (what the next heartbeat reports) as fresh as the heartbeat."""
+        while True:
+            await asyncio.sleep(self.cfg.routing.heartbeat_s / 2)
+            self.engine_load = await self.engine.engine_load()
 
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""
@@ -187,6 +196,8 @@ class EngineReplica:
     def __del__(self):  # also runs when the constructor failed half-way
         if getattr(self, "heartbeat", None) is not None:
             self.heartbeat.stop()
+        if getattr(self, "_load_task", None) is not None:
+            self.loop.call_soon_threadsafe(self._load_task.cancel)
         if getattr(self, "leases", None) is not None and self.loop.is_running():
             try:  # give the permits back now rather than after the lease TTL
                 asyncio.run_coroutine_threadsafe(self.leases.stop(), self.loop).result(1)

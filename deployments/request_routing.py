@@ -104,7 +104,8 @@ class RequestRouting:
                 choice = min(names, key=lambda n: (self._load(pool, n, live[n]), (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         loads = {n: ReplicaLoad(running=self._load(pool, n, live[n]),
-                                capacity=max(1, live[n].get("capacity_blocks", 1))) for n in names}
+                                capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
+                                free_kv_blocks=int(live[n].get("kv_free_blocks", 0))) for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now)
 

@@ -104,3 +104,30 @@ def test_metrics_report_routing(stack):
     prompt_blocks = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("baton_prompt_blocks_total"))
     hit_blocks = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("baton_prefix_hit_blocks_total"))
     assert prompt_blocks > 0 and hit_blocks > 0
+
+
+def test_every_engine_reports_its_schedulers_load_in_the_registry(stack):
+    """Each replica's heartbeat carries what its engine's scheduler says: running and
+    waiting requests, free and total KV blocks, the oldest wait. The router reads
+    the free blocks for its cold-prompt draw (tests/unit/test_routing_peers.py)."""
+    import json
+
+    import redis
+
+    from routing.redis_state import registry_key
+
+    assert chat(stack, prompts.make("load report", 40)).status_code == 200
+    r = redis.Redis.from_url(stack.cfg["redis"]["url"])
+    deadline = time.time() + 30
+    while True:
+        entries = {pool: {k.decode(): json.loads(v) for k, v in r.hgetall(registry_key(pool)).items()}
+                   for pool in ("prefill", "decode")}
+        reports = [e for pool in entries.values() for e in pool.values()]
+        if reports and all("kv_blocks" in e for e in reports) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(entries["decode"]) == 2 and len(entries["prefill"]) == 1, entries
+    for e in reports:
+        assert e["kv_blocks"] == e["capacity_blocks"] > 0, e
+        assert 0 <= e["kv_free_blocks"] <= e["kv_blocks"], e
+        assert e["running"] >= 0 and e["waiting"] >= 0 and e["oldest_wait_s"] >= 0, e

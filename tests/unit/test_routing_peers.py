@@ -46,3 +46,19 @@ def test_engine_reported_load_counts_what_other_fronts_sent():
     assert d.replica != "a" and d.repinned
     live["decode"]["a"]["unfinished"] = 1  # a drains: the pin holds again
     assert baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0).replica == "a"
+
+
+def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
+    """A cold prompt draws two replicas plus one whose engine reports more than half its KV
+    free, and takes the least loaded of them: with loads a=c=2 and b=0 the draw holds b only
+    when b is the cold one, so every choice is b once b reports its KV free."""
+    live = {"decode": {n: {"unfinished": 2 if n != "b" else 0, "kv_blocks": 100, "kv_free_blocks": 10}
+                       for n in "abc"}, "prefill": {}}
+    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None})
+    routing = _routing("baton")
+    live["decode"]["b"]["kv_free_blocks"] = 90
+    picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(20)}
+    assert picks == {"b"}
+    live["decode"]["b"]["kv_free_blocks"] = 10  # nobody cold: the two-choice draw sometimes misses b
+    picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(40)}
+    assert picks != {"b"}
