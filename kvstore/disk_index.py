@@ -1,4 +1,4 @@
-"""What the spill directory holds, kept in memory: a lookup never touches the disk.
+"""What the spill directory holds, kept in memory, so a lookup of a listed key reads no disk.
 
 `DiskIndex` maps an object's file name to its size and last use, in
 least-recently-used order, and keeps the total size. The spill tier

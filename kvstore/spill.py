@@ -14,8 +14,9 @@ match (wrong identity, other key, truncated, flipped bits) is a miss and the
 file is removed.
 
 What the directory holds is kept in memory (kvstore/disk_index.py), so
-`contains` never touches the disk; a background listing every `rescan_s`
-picks up what other processes wrote or evicted. Put the directory on a
+`contains` never touches the disk (`probe` stats a key the index lacks); a
+background listing every `rescan_s` picks up what other processes wrote or
+evicted. Put the directory on a
 filesystem every node mounts and the engines of every node share one tier
 (docs/architecture.md, "Spill across nodes"). Reads go straight into the
 caller's buffers (`read_into`, one `preadv` per object), several objects at a
