@@ -34,10 +34,6 @@ class DiskIndex:
         entry = self._entries.get(name)
         return entry[0] if entry else None
 
-    def last_use(self, name: str) -> float | None:
-        entry = self._entries.get(name)
-        return entry[1] if entry else None
-
     def add(self, name: str, size: int, used: float) -> None:
         """Records `name` (again) as `size` bytes used at `used`, the newest use."""
         self.remove(name)

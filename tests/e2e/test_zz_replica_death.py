@@ -130,11 +130,8 @@ async def _die_in_queue(stack, victim: str, messages: list[dict]):
         await asyncio.to_thread(_wait_engine_load, stack, victim, stopped, 1)  # the request is in
     finally:
         stack.crash(processes)
-    try:
-        status, events = await asyncio.wait_for(task, WAIT_S)
-    finally:
-        await client.aclose()
-    return status, events, front, _growth(stack, front, before)
+    status, events, grew = await _outcome(stack, client, front, task, before)
+    return status, events, front, grew
 
 
 async def _die_mid_stream(stack, victim: str, messages: list[dict]):
@@ -152,11 +149,7 @@ async def _die_mid_stream(stack, victim: str, messages: list[dict]):
         await asyncio.wait_for(first.wait(), WAIT_S)
     finally:
         stack.crash(processes)
-    try:
-        status, events = await asyncio.wait_for(task, WAIT_S)
-    finally:
-        await client.aclose()
-    return status, events, _growth(stack, front, before)
+    return await _outcome(stack, client, front, task, before)
 
 
 # -- helpers ------------------------------------------------------------------
@@ -167,6 +160,15 @@ COUNTERS = ("baton_admitted_total", "baton_retries_total")
 def _front_counts(stack, front: str) -> dict[str, float]:
     """The front's own admitted and retry counts."""
     return {name: _own_counts(stack, name)[front] for name in COUNTERS}
+
+
+async def _outcome(stack, client: httpx.AsyncClient, front: str, task: asyncio.Task, before: dict[str, float]):
+    """(status, events, counts grown) once the stream `task` ended; closes `client`."""
+    try:
+        status, events = await asyncio.wait_for(task, WAIT_S)
+    finally:
+        await client.aclose()
+    return status, events, _growth(stack, front, before)
 
 
 def _growth(stack, front: str, before: dict[str, float]) -> dict[str, float]:
