@@ -2,8 +2,9 @@
 
 Roles: `prefill` writes KV into Mooncake (kv_producer), `decode` reads it
 (kv_consumer), both through BatonStoreConnector (kvstore/connector.py), and
-`colocated` is a plain engine with no connector, the peer Baton is compared
-against.
+`colocated` is a plain engine with no connector, or, routed with
+`mooncake.colocated_pool`, one that does both (kv_both): it saves what it
+computes and loads prefixes other replicas saved.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
         # node's memory is free, which fails with several engines per node.
         kwargs["kv_cache_memory_bytes"] = int(pool.kv_cache_gb * 2**30)
     kwargs.update(pool.engine_args)
-    if role in _KV_ROLE:
+    kv_role = _KV_ROLE.get(role)
+    if role == "colocated" and cfg.mooncake.colocated_pool and cfg.routes():
+        kv_role = "kv_both"
+    if kv_role:
         kwargs["kv_transfer_config"] = {
             "kv_connector": "BatonStoreConnector",
             "kv_connector_module_path": "kvstore.connector",
-            "kv_role": _KV_ROLE[role],
+            "kv_role": kv_role,
             # A block the store announced and then could not deliver (evicted
             # between lookup and load, a corrupted spill file) is recomputed,
             # not an error for the request (vLLM's default is "fail").

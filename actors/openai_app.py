@@ -77,12 +77,13 @@ class EngineApp:
         from vllm.entrypoints.launchers.app import build_app
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        topic = self.replica if self.role != "colocated" else None
+        # KV events feed the router's index; an unrouted colocated engine has no reader.
+        topic = self.replica if self.cfg.routes() else None
         if topic:
             host = f"[{self.events_host}]" if ":" in self.events_host else self.events_host
             self.events_replay = f"tcp://{host}:{free_ports(1)[0]}"
         eargs = engine_args.build(self.cfg, self.role, topic=topic, replay_endpoint=self.events_replay)
-        if self.role != "colocated":
+        if eargs.kv_transfer_config is not None:
             eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         self.engine = AsyncLLM.from_engine_args(eargs)
         if self.role == "prefill":

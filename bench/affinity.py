@@ -1,26 +1,29 @@
 """`baton bench affinity`: where session-affinity routing pays, on the real stack.
 
-The disaggregated layout (2 prefill + 2 decode replicas) of the `bench` model
-(8 layers, 16 heads sharing 8 KV heads, 32 KiB of KV per token) with KV
-caches sized so that the two replicas of a pool cannot hold every session's
-context (`--kv-gb` each; the sessions' final contexts add up to more than
-twice that). Agent sessions start at `--first-words` words (about 1k
+Two layouts of the `bench` model (8 layers, 16 heads sharing 8 KV heads,
+32 KiB of KV per token): `colocated`, 2 replicas that each prefill and
+decode, routed among by the fronts (routing.colocated_router), and `pd`,
+2 prefill + 2 decode replicas. KV caches are sized so that the two replicas
+of a pool cannot hold every session's context (`--kv-gb` each; the sessions'
+final contexts add up to more than twice that). Agent sessions start at `--first-words` words (about 1k
 tokens) and grow by `--turn-words` a turn (to about 2k), each turn resending
 the whole conversation with its `x-session-affinity` header.
 
-Two stacks, one after the other:
-- pool on: the Mooncake pool (1 GB) plus the spill tier; any prefill engine
+For each layout, two pool settings, one after the other:
+- pool on: the Mooncake pool (1 GB) plus the spill tier; any engine that
+  computes prompts (prefill, or colocated with `mooncake.colocated_pool`)
   loads a prefix another saved;
-- pool off: `mooncake.prefix_reuse: false` and a pool that only holds the
-  transfers in flight: KV moves from prefill to decode and nowhere else,
-  so only the replica that computed a context can reuse it.
+- pool off: colocated engines without a connector; PD with
+  `mooncake.prefix_reuse: false` and a pool that only holds the transfers
+  in flight (KV moves from prefill to decode and nowhere else). Either way
+  only the replica that computed a context can reuse it.
 
 On each stack, one run per routing policy, each with sessions of its own
 (new text, so no run finds another's prefixes): `baton` (pins, exact prefix
 index, load), then the peers `round_robin` and `least_loaded`. The policy is
 the stack's config, so each policy is a stack of its own. Reported: TTFT of
 turn 1 and of turns 2+, and the ratios to round robin measured on the same
-pool setting.
+layout and pool setting.
 """
 
 from __future__ import annotations
@@ -81,12 +84,34 @@ def turn_stats(results) -> dict:
     }
 
 
-def _config(workdir: Path, model: Path, args, pool: str, policy: str) -> Path:
+def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: str) -> Path:
     pools = {"replicas": 2, "kv_cache_gb": args.kv_gb}
-    return write_config(workdir / f"pool-{pool}-{policy}", model={"path": str(model)},
-                        prefill=pools, decode=pools, mooncake=POOLS[pool],
+    mooncake = dict(POOLS[pool])
+    if layout == "colocated":
+        mooncake["colocated_pool"] = pool == "on"
+        shape = {"colocated": True}
+    else:
+        shape = {"colocated": False, "prefill": pools}
+    return write_config(workdir / f"{layout}-pool-{pool}-{policy}", model={"path": str(model)},
+                        decode=pools, mooncake=mooncake, **shape,
                         routing={"policy": policy, "decode_only_max_uncached_tokens": args.decode_only_max},
                         tracing={"exporter": "none"})
+
+
+def _measure(config: Path, args, seed: int, label: str) -> dict:
+    """Starts a stack from `config`, runs one set of sessions through it, stops it."""
+    stack = StackProcess(config)
+    print(f"{label}: starting baton ...", file=sys.stderr, flush=True)
+    stack.start()
+    try:
+        specs = sessions(args.sessions, args.turns, args.first_words, args.turn_words,
+                         args.output_tokens, seed=seed)
+        results, _ = run(stack.url, specs, concurrency=args.concurrency, label=label, timeout_s=600)
+    finally:
+        stack.stop()
+    stats = turn_stats(results)
+    print(json.dumps({"run": label, **stats}), file=sys.stderr, flush=True)
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-only-max", type=int, default=64,
                         help="routing.decode_only_max_uncached_tokens: a decode replica that lacks fewer "
                         "prompt tokens than this computes them itself, skipping the prefill hop")
+    parser.add_argument("--layouts", default="colocated,pd", help="layouts to run: colocated, pd or both")
     parser.add_argument("--pools", default="off,on", help="pool settings to run: off, on or both")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
@@ -114,27 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     tiny_model.generate(model, size="bench")
     workdir = bench_workdir("bench-affinity")
     out: dict = {"workload": {k: v for k, v in vars(args).items() if k != "out"}}
-    for pool in args.pools.split(","):
-        runs = out[f"pool_{pool}"] = {}
-        for seed, policy in enumerate(args.policies.split(",")):
-            stack = StackProcess(_config(workdir, model, args, pool, policy))
-            print(f"pool {pool}: starting baton with routing.policy={policy} ...", file=sys.stderr, flush=True)
-            stack.start()
-            try:
-                specs = sessions(args.sessions, args.turns, args.first_words, args.turn_words,
-                                 args.output_tokens, seed=seed)
-                results, _ = run(stack.url, specs, concurrency=args.concurrency, label=f"{pool}/{policy}",
-                                 timeout_s=600)
-            finally:
-                stack.stop()
-            runs[policy] = turn_stats(results)
-            print(json.dumps({"pool": pool, "policy": policy, **runs[policy]}), file=sys.stderr, flush=True)
-        rr = runs.get("round_robin")
-        if rr:
-            runs["ratio_to_round_robin"] = {
-                p: {k: round(r[k] / rr[k], 3) for k in ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s",
-                                                        "ttft_turn2plus_p90_s") if r[k] and rr[k]}
-                for p, r in runs.items() if p in POLICIES and p != "round_robin"}
+    for layout in args.layouts.split(","):
+        for pool in args.pools.split(","):
+            runs = out.setdefault(layout, {})[f"pool_{pool}"] = {}
+            for seed, policy in enumerate(args.policies.split(",")):
+                runs[policy] = _measure(_config(workdir, model, args, layout, pool, policy), args, seed,
+                                        f"{layout}/pool {pool}/{policy}")
+            rr = runs.get("round_robin")
+            if rr:
+                runs["ratio_to_round_robin"] = {
+                    p: {k: round(r[k] / rr[k], 3) for k in ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s",
+                                                            "ttft_turn2plus_p90_s") if r[k] and rr[k]}
+                    for p, r in runs.items() if p in POLICIES and p != "round_robin"}
     print(json.dumps(out))
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))

@@ -160,7 +160,7 @@ def _rewrite(app, overrides: dict[str, dict[str, Any]]):
 def overrides(cfg: BatonConfig) -> dict[str, dict[str, Any]]:
     """Per-deployment Serve options `deploy` adds to the graph of build_app."""
     out: dict[str, dict[str, Any]] = {}
-    if not cfg.colocated:
+    if cfg.routes():
         # Engines publish KV events to routing.events_host, the head.
         out["kv_indexer"] = {"ray_actor_options": {"resources": {HEAD_RESOURCE: 0.001}}}
     for name, pinfo in plan(cfg)["pools"].items():

@@ -39,8 +39,8 @@ def _redis(cfg: BatonConfig) -> Component:
 
 
 def _indexer(cfg: BatonConfig) -> Component | None:
-    """The KV indexer's totals, which it writes to Redis every second; None when colocated."""
-    if cfg.colocated:
+    """The KV indexer's totals, which it writes to Redis every second; None when nothing routes."""
+    if not cfg.routes():
         return None
     try:
         raw = cfg.redis.client(socket_timeout=2).hgetall(INDEXER_STATS_KEY)

@@ -141,6 +141,11 @@ class MooncakeConfig(_Strict):
     holdings_audit_s: float = Field(
         1.0, gt=0, description="how often a prefill worker checks that the store still holds what it put"
     )
+    colocated_pool: bool = Field(
+        False, description="routed colocated replicas (routing.colocated_router) save the KV they compute "
+        "into the pool and the spill tier, and load prompt prefixes other replicas saved; false: each "
+        "reuses only its own cache"
+    )
 
     @field_validator("spill_cap", "spill_min_free")
     @classmethod
@@ -238,6 +243,12 @@ class RoutingConfig(_Strict):
         6.0, gt=0, description="a replica whose heartbeat is older than this is treated as dead"
     )
     seed: int = Field(0, description="seed of the policy's power-of-two draws")
+    colocated_router: bool = Field(
+        True, description="colocated with more than one replica (or autoscaling beyond one): each front "
+        "sends a request to the replica whose cache holds its longest prefix (engines publish KV events "
+        "to the KV indexer); false: a request runs where the kernel put its connection, or on a peer "
+        "when that engine is full"
+    )
 
 
 class RayConfig(_Strict):
@@ -279,6 +290,15 @@ class BatonConfig(_Strict):
                 raise ValueError(f"{name} and {seen[port]} both use port {port}")
             seen[port] = name
         return self
+
+    def routes(self) -> bool:
+        """Whether fronts route requests by the KV-aware router: always when disaggregated; when
+        colocated, if `routing.colocated_router` and the pool can have more than one replica."""
+        if not self.colocated:
+            return True
+        d = self.decode
+        many = d.replicas > 1 or (d.autoscaling is not None and d.autoscaling.max_replicas > 1)
+        return self.routing.colocated_router and many
 
     def state_path(self) -> Path:
         p = Path(self.state_dir)

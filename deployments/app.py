@@ -50,10 +50,13 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
 def build_app(cfg: BatonConfig, mooncake_config: Path | None, env: dict[str, str] | None = None) -> Application:
     """The bound application; `mooncake_config` is the workers' JSON file, `env` the engines' environment."""
     env = env or {}
-    if cfg.colocated:
+    if cfg.colocated and not cfg.routes():
         return _pool(cfg, "colocated", cfg.decode, None, env)
-    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config, env)
     # Its Serve replica runs a gRPC server of Ray's that binds a wildcard, as the engines' do.
     indexer = KVIndexer.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
     indexer = indexer.bind(cfg.model_dump())
+    if cfg.colocated:  # routed colocated: the fronts route among the pool's replicas
+        return _pool(cfg, "colocated", cfg.decode, mooncake_config if cfg.mooncake.colocated_pool else None,
+                     env, indexer)
+    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config, env)
     return _pool(cfg, "decode", cfg.decode, mooncake_config, env, prefill, indexer)

@@ -6,11 +6,12 @@ its own vLLM OpenAI app. For a completion request it
 1. checks the API key (tenant), the body against Baton's strict schema
    (unknown fields and roles are 400s, as in OpenAI's API) and the model;
 2. takes an engine permit from the tenant's fair queue, or answers 429;
-3. routes: colocated runs here (or, when this engine is full and the front
-   holds more of the pool's permits than it can run, on a peer's engine);
-   disaggregated renders the prompt once
-   (vLLM's template), asks the routing policy for a decode and a prefill
-   replica, has the prefill replica compute the KV into Mooncake;
+3. routes: unrouted colocated runs here (or, when this engine is full and
+   the front holds more of the pool's permits than it can run, on a peer's
+   engine); disaggregated and routed colocated (routing.colocated_router)
+   render the prompt once (vLLM's template) and ask the routing policy for
+   a decode replica and, disaggregated, a prefill replica, which computes
+   the KV into Mooncake;
 4. runs decode in this process when the policy chose this replica, else
    forwards the bytes to the chosen replica's internal server; a replica
    that fails before the request's first token costs a retry here.
@@ -125,7 +126,7 @@ class Front:
         return merge(texts) + await self._indexer_metrics()
 
     async def _indexer_metrics(self) -> bytes:
-        """The KV indexer's totals (it has no port of its own), as counters; empty when colocated."""
+        """The KV indexer's totals (it has no port of its own), as counters; empty when nothing routes."""
         if self.routing is None:
             return b""
         try:
@@ -236,7 +237,7 @@ class Front:
 
     async def _route(self, kind: str, body: dict, tenant: str, session: str | None,
                      info: BatonInfo, request_id: str) -> Route | None:
-        if self.routing is None:  # colocated: this replica serves it, unless its engine is full
+        if self.routing is None:  # unrouted colocated: this replica serves it, unless its engine is full
             info.route, info.decode_only = "colocated", True
             route = self._spill_route()
             if route is not None:

@@ -148,7 +148,7 @@ class EngineReplica:
         kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
         finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
         client = self.cfg.redis.client(asynchronous=True, socket_timeout=5)
-        routing = None if self.role == "colocated" else RequestRouting(self.cfg, client, self.metrics)
+        routing = RequestRouting(self.cfg, client, self.metrics) if self.cfg.routes() else None
         # Any front may send to any decode replica's engine, so the fronts lease
         # the pool's permits from Redis (deployments/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
@@ -156,7 +156,7 @@ class EngineReplica:
         self.keys = KeyStore(self.cfg.serve.api_keys, client)
         front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
                       readiness.check, lambda: readiness.registry.live("decode"), self.keys.table)
-        colocated = self.role == "colocated"
+        colocated = routing is None  # unrouted colocated: a full engine spills to a peer
         # A client of their own: a renewal that times out drops its connection,
         # which must not be one a routing read is using.
         self.leases = PermitLeases(self.cfg.redis.client(asynchronous=True, socket_timeout=1),

@@ -7,7 +7,8 @@ picks a decode replica and, unless the decode replica can get all but a few
 tokens of the prompt from its own cache or the Mooncake store (the request
 then runs decode-only), a prefill replica. Pin updates are written without
 waiting for them. Load per replica is what its engine reported at its
-last heartbeat, or what this front has in flight there if that is more.
+last heartbeat, or what this front has in flight there if that is more,
+and how long its oldest unscheduled request has waited.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ class RequestRouting:
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         loads = {n: ReplicaLoad(running=self._load(pool, n, live[n]),
                                 capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
-                                free_kv_blocks=int(live[n].get("kv_free_blocks", 0))) for n in names}
+                                free_kv_blocks=int(live[n].get("kv_free_blocks", 0)),
+                                oldest_wait_s=self._wait(live[n], now)) for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now)
 
@@ -114,6 +116,13 @@ class RequestRouting:
         front's, waiting or running), or what this front has sent there, if more (the
         report is up to `routing.heartbeat_s` old)."""
         return max(self.inflight[pool][replica], int(entry.get("unfinished", 0)))
+
+    @staticmethod
+    def _wait(entry: dict, now: float) -> float:
+        """How long the replica's oldest unscheduled request has waited by `now`: its engine's
+        figure at the heartbeat, plus the heartbeat's age while anything was waiting."""
+        wait = float(entry.get("oldest_wait_s") or 0.0)
+        return wait + max(0.0, now - entry["ts"]) if entry.get("waiting") else wait
 
     def _write_pins(self, session: str | None, chosen: dict[str, str]) -> None:
         """Pins (or re-pins) the session, without waiting for Redis."""

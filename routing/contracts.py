@@ -33,7 +33,9 @@ class ReplicaLoad:
     blocks still to compute plus remaining decode tokens / block size. Engines
     do not report it; the router derives it from what it has sent and not yet
     seen finish (the simulator computes it exactly). When no replica reports
-    it, load is ``running + queued``.
+    it, load is ``running + queued``. ``oldest_wait_s`` is how long the
+    oldest request the engine has not yet scheduled has waited (0 when none
+    waits): the queue-wait half of the overload bound.
     """
 
     running: int = 0
@@ -42,6 +44,7 @@ class ReplicaLoad:
     capacity: int = 1
     alive: bool = True
     pending_blocks: float = 0.0
+    oldest_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,11 @@
 #        load(r) > OVERLOAD_RATIO * mean(load of the others) + slack,
 #      slack = OVERLOAD_SLACK_BLOCKS, or OVERLOAD_SLACK_REQUESTS when the
 #      loads are request counts (engines' reports). The others' mean, not the
-#      pool's: with 2 replicas, 2x the pool's mean can never be exceeded. The bound is checked
+#      pool's: with 2 replicas, 2x the pool's mean can never be exceeded.
+#      A candidate is overloaded too when its engine's oldest unscheduled
+#      request has waited OVERLOAD_WAIT_S longer than the least-waiting
+#      other candidate's: its scheduler is not admitting work (KV full,
+#      batch budget spent), whatever the counts say. The bound is checked
 #      per candidate: an overloaded replica is skipped, everyone else keeps
 #      their affinity. There is no fleet-wide "affinity off" switch, which is
 #      what sent upstream routers into hot spots and death spirals.
@@ -63,6 +67,9 @@
 #     bound, 2x the mean load plus 20 s of prefill work. Above it a replica
 #     takes no pinned or prefix traffic until it drains. Tighter bounds
 #     (1.3x + 30) break affinity on ordinary bursts and cost 4-8 points.
+#   OVERLOAD_WAIT_S = 5: a queue 5 s longer than a peer's costs more than
+#     recomputing a 2k-token context elsewhere on a CPU engine (1-2 s), and
+#     is well past the engines' load reports' age (heartbeat_s / 2).
 #   POPULAR_FRACTION = 0.5: a prefix held by half the candidates is popular.
 #   SHARED_FANOUT = 8: a block continued 8 different ways is a shared head.
 #     On the trace only ~20 blocks reach it; conversation blocks have 1-2
@@ -89,6 +96,7 @@ class PolicyConfig:
     overload_ratio: float = 2.0
     overload_slack_blocks: float = 200.0
     overload_slack_requests: float = 2.0  # when loads are request counts (no pending_blocks)
+    overload_wait_s: float = 5.0
     cold_free_fraction: float = 0.5
     popular_fraction: float = 0.5
     shared_fanout: int = 8
@@ -98,7 +106,7 @@ class PolicyConfig:
             raise ValueError("alpha must be >= 0")
         if self.overload_ratio < 1.0:
             raise ValueError("overload_ratio must be >= 1")
-        if self.overload_slack_blocks < 0 or self.overload_slack_requests < 0:
+        if self.overload_slack_blocks < 0 or self.overload_slack_requests < 0 or self.overload_wait_s < 0:
             raise ValueError("overload slacks must be >= 0")
         if self.shared_fanout < 2:
             raise ValueError("shared_fanout must be >= 2")
@@ -134,22 +142,15 @@ class BatonPolicy:
         if not load:
             raise ValueError("no live replica to route to")
         names = list(load)
-        blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
-        slack = cfg.overload_slack_blocks if blocks else cfg.overload_slack_requests
-        total = sum(load.values())
-
-        def within(n: str) -> bool:  # against the others' mean: with 2 replicas, 2x the mean never binds
-            others = (total - load[n]) / (len(names) - 1) if len(names) > 1 else load[n]
-            return load[n] <= cfg.overload_ratio * others + slack
-
-        ok = [n for n in names if within(n)] or names
+        under = self._under_bound(load, loads)
+        ok = [n for n in names if n in under] or names
 
         match = index.match(request.block_hashes)
         held = {n: match.get(n, 0) for n in names}
 
         if request.session is not None:
             pinned = pins.get(request.session, now)
-            if pinned in load and within(pinned):
+            if pinned in under:
                 return RoutingDecision(pinned, "pinned", held[pinned])
 
         popular = max(
@@ -174,6 +175,24 @@ class BatonPolicy:
         if request.session is not None:
             repinned = pins.pin(request.session, choice, now)
         return RoutingDecision(choice, reason, held[choice], repinned)
+
+    def _under_bound(self, load: dict[str, float], loads: dict[str, ReplicaLoad]) -> set[str]:
+        """The candidates within the overload bound (step 1): load against the others' mean (with
+        2 replicas, 2x the pool's mean never binds) and queue wait against the least-waiting other."""
+        cfg = self.config
+        if len(load) == 1:
+            return set(load)
+        blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
+        slack = cfg.overload_slack_blocks if blocks else cfg.overload_slack_requests
+        total = sum(load.values())
+        wait = {n: loads[n].oldest_wait_s for n in load}
+        out = set()
+        for n in load:
+            others = (total - load[n]) / (len(load) - 1)
+            least_wait = min(w for m, w in wait.items() if m != n)
+            if load[n] <= cfg.overload_ratio * others + slack and wait[n] <= least_wait + cfg.overload_wait_s:
+                out.add(n)
+        return out
 
     def _popular_len(self, held: list[int]) -> int:
         """Leading blocks held by at least POPULAR_FRACTION of ``held``'s

@@ -1,7 +1,8 @@
 """The OpenAI surface agents use, through the official client, in both modes.
 
 Each case runs greedy against Baton disaggregated (the shared stack), Baton
-colocated and `vllm serve` on the same model with the same tool-call parser,
+colocated (two routed replicas) and `vllm serve` on the same model with the
+same tool-call parser,
 and must give vLLM's answer: a forced tool call with JSON arguments, a
 tool-result turn, a json_schema answer that parses, logprobs with
 top_logprobs, n=2, and penalties that change the output.
@@ -10,6 +11,7 @@ top_logprobs, n=2, and penalties that change the output.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -93,7 +95,9 @@ def vllm_serve(stack):
 def colocated_stack(tmp_path_factory):
     from bench.stack import StackProcess, write_config
 
+    # Two replicas: the fronts route among them (routing.colocated_router).
     s = StackProcess(write_config(tmp_path_factory.mktemp("colocated"), colocated=True,
+                                  decode={"replicas": 2, "kv_cache_gb": 0.25},
                                   serve={"api_keys": {hash_key(KEY_A): "tenant-a"}, "require_api_key": True}))
     s.start()
     yield s
@@ -137,3 +141,25 @@ def test_keys_required_refuses_no_key_and_wrong_key(colocated_stack):
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (headers, r.text)
     ok = httpx.post(url, json=body, headers={"authorization": f"Bearer {KEY_A}"}, timeout=60)
     assert ok.status_code == 200, ok.text
+
+
+def test_routed_colocated_keeps_a_session_where_its_prefix_is(colocated_stack):
+    """Each turn of a session runs on the replica that computed the turn before, and finds it cached;
+    the index predicts exactly what that engine finds."""
+    from tests.e2e import prompts
+    from tests.e2e.test_routing import EVENTS_SETTLE_S, chat
+
+    messages = prompts.make("colocated-session", 200)
+    seen = []
+    for turn in range(3):
+        baton = chat(colocated_stack, messages, key=KEY_A, session="colocated-s1").json()["baton"]
+        seen.append((baton["decode_replica"], baton["route"], baton["decode_only"],
+                     baton["predicted_cached_tokens"], baton["decode_cached_tokens"]))
+        messages = messages + [{"role": "assistant", "content": "ok"},
+                               {"role": "user", "content": f"turn {turn} " + "more words " * 20}]
+        time.sleep(EVENTS_SETTLE_S)
+    replicas = {s[0] for s in seen}
+    assert len(replicas) == 1, seen
+    assert all(s[2] is True for s in seen) and seen[0][1] != "colocated", seen  # routed, never prefilled
+    assert [s[1] for s in seen[1:]] == ["pinned", "pinned"], seen
+    assert all(s[3] == s[4] > 0 for s in seen[1:]), seen

@@ -60,3 +60,22 @@ def test_malformed_yaml_is_one_clear_error(tmp_path, text):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml", environ={})
+
+
+@pytest.mark.parametrize("text, routes, kv_role", [
+    ("colocated: false\n", True, "kv_consumer"),  # disaggregated always routes; decode loads
+    ("colocated: true\n", False, None),  # one replica: nothing to choose, a plain engine
+    ("colocated: true\ndecode: {replicas: 2}\n", True, None),  # routed, each reuses its own cache
+    ("colocated: true\ndecode: {replicas: 2}\nmooncake: {colocated_pool: true}\n", True, "kv_both"),
+    ("colocated: true\ndecode: {autoscaling: {max_replicas: 3}}\n", True, None),
+    ("colocated: true\ndecode: {replicas: 2}\nrouting: {colocated_router: false}\n", False, None),
+    # The pool needs the router: an unrouted engine saving KV nobody could find would only cost.
+    ("colocated: true\nrouting: {colocated_router: false}\nmooncake: {colocated_pool: true}\n", False, None),
+])
+def test_colocated_routes_when_there_is_a_choice(tmp_path, text, routes, kv_role):
+    from actors.engine_args import engine_kwargs
+
+    cfg = load_config(write(tmp_path, text), environ={})
+    assert cfg.routes() is routes
+    role = "colocated" if cfg.colocated else "decode"
+    assert engine_kwargs(cfg, role).get("kv_transfer_config", {}).get("kv_role") == kv_role

@@ -162,3 +162,14 @@ def test_high_fanout_head_is_not_a_reason_to_stick():
     # A conversation's own block still pulls it back to r0.
     d = policy.route(RoutingRequest((SYSTEM, 503, 7)), loads(r0=5, r1=1), idx, pins, now=0)
     assert (d.replica, d.reason, d.cached_blocks) == ("r0", "prefix", 2)
+
+
+@pytest.mark.parametrize("wait_a, expected", [(4.0, ("a", "pinned")), (8.0, ("b", "load"))])
+def test_a_queue_much_longer_than_a_peers_breaks_the_pin(wait_a, expected):
+    # Same request counts; a's engine has left a request unscheduled for `wait_a` s, b's none.
+    idx, pins = PrefixIndex(), SessionPins()
+    idx.apply_stored("a", [1, 2])
+    pins.pin("s", "a", now=0)
+    lds = {"a": ReplicaLoad(running=2, queued=2, oldest_wait_s=wait_a), "b": ReplicaLoad(running=2, queued=2)}
+    d = BatonPolicy(rng=random.Random(0)).route(RoutingRequest((1, 2, 3), "s"), lds, idx, pins, now=1)
+    assert (d.replica, d.reason) == expected
