@@ -18,6 +18,7 @@ from common.config import BatonConfig, ConfigError, parse_size
 
 Role = Literal["prefill", "decode", "colocated"]
 _KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Set by Baton itself; a pool's engine_args may not override them.
 _OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", "kv_transfer_config"}
 
@@ -75,6 +76,9 @@ def connector_extra(cfg: BatonConfig) -> dict[str, Any]:
     m = cfg.mooncake
     extra: dict[str, Any] = {"baton_audit_s": m.holdings_audit_s,
                              "baton_master_http": f"http://{f'[{m.host}]' if ':' in m.host else m.host}:{m.master_metrics_port}"}
+    if m.shm_reads and m.host in LOOPBACK_HOSTS:
+        # The store listens on loopback, so it runs on this host: its real-client service shares memory.
+        extra["baton_shm_store"] = {"address": f"{m.host}:{m.store_port}", "staging_bytes": parse_size(m.shm_staging)}
     if m.spill:
         extra["baton_spill"] = {
             "dir": str(cfg.spill_path()),

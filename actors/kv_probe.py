@@ -79,10 +79,14 @@ class KVProbeExtension:
         )
 
     def spill_stats(self) -> dict:
-        """Counters of this worker's spill tier (promotions, spills, evictions, pending); {} if off."""
-        from kvstore.connector import ACTIVE
+        """Counters of this worker's spill tier (promotions, spills, evictions, pending) and of its
+        shared-memory pool reads (shm_*); {} if neither is on."""
+        from kvstore.connector import ACTIVE, SHM_READERS
 
-        return ACTIVE[-1].snapshot() if ACTIVE else {}
+        out = ACTIVE[-1].snapshot() if ACTIVE else {}
+        if SHM_READERS:
+            out.update(SHM_READERS[-1].stats)
+        return out
 
     def spill_refresh(self) -> int:
         """Lists the spill directory into this worker's tier index now (it does every

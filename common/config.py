@@ -141,13 +141,19 @@ class MooncakeConfig(_Strict):
     holdings_audit_s: float = Field(
         1.0, gt=0, description="how often a prefill worker checks that the store still holds what it put"
     )
+    shm_reads: bool = Field(
+        True, description="CPU engines read the pool through shared memory with the store process "
+        "(Mooncake's dummy client) when the store listens on loopback, i.e. runs on their host; other "
+        "reads use the transfer engine (`protocol`)"
+    )
+    shm_staging: str = Field("128MB", description="shared staging area per engine worker for those reads")
     colocated_pool: bool = Field(
         False, description="routed colocated replicas (routing.colocated_router) save the KV they compute "
         "into the pool and the spill tier, and load prompt prefixes other replicas saved; false: each "
         "reuses only its own cache"
     )
 
-    @field_validator("spill_cap", "spill_min_free")
+    @field_validator("spill_cap", "spill_min_free", "shm_staging")
     @classmethod
     def _size(cls, v: str) -> str:
         parse_size(v)

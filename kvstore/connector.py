@@ -8,6 +8,9 @@ Loaded by name (`kv_connector="BatonStoreConnector"`,
 - with `baton_spill` in `kv_connector_extra_config` ({"dir", "cap_bytes",
   "min_free_bytes"}), the worker's store handle is wrapped in a
   SpillingStore, so pool evictions are backed by the NVMe tier;
+- with `baton_shm_store` ({"address", "staging_bytes"}: the store process's
+  real-client service on this host) and host KV buffers, pool reads go
+  through shared memory with the store (kvstore/shm_pool.py);
 - with `baton_master_http` (the Mooncake master's HTTP port), the worker's store
   handle is wrapped in an AuditedStore (kvstore/holdings.py): every
   `baton_audit_s` seconds it checks that some tier still holds what this worker put, and publishes `BlockRemoved` (medium "cpu") for what none does,
@@ -28,10 +31,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
 
 from kvstore.holdings import AuditedStore, event_hash, master_presence
 from kvstore.identity import ModelIdentity, config_digest
+from kvstore.shm_pool import ShmPoolReader, attach
 from kvstore.spill import SpillTier
 from kvstore.spill_store import SpillingStore
 
 ACTIVE: list[SpillingStore] = []
+SHM_READERS: list[ShmPoolReader] = []
 
 
 def model_identity(vllm_config, kv_cache_config) -> ModelIdentity:
@@ -64,11 +69,17 @@ class BatonStoreConnector(MooncakeStoreConnector):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.spill: SpillingStore | None = None
         worker = self.connector_worker
+        shm = extra.get("baton_shm_store")
+        host = vllm_config.device_config.device_type == "cpu"
+        if shm and host and worker is not None and getattr(worker, "store", None) is not None:
+            reader = attach(worker.store, shm["address"], int(shm["staging_bytes"]))
+            if reader is not None:
+                worker.store = reader
+                SHM_READERS.append(reader)
         spill = extra.get("baton_spill")
         if spill and worker is not None and getattr(worker, "store", None) is not None:
             tier = SpillTier(spill["dir"], self.identity.digest, cap_bytes=int(spill["cap_bytes"]),
                              min_free_bytes=int(spill.get("min_free_bytes", 0)))
-            host = vllm_config.device_config.device_type == "cpu"
             saving = lambda: threading.current_thread() is getattr(worker, "kv_send_thread", None)  # noqa: E731
             producer = vllm_config.kv_transfer_config.kv_role in ("kv_producer", "kv_both")
             self.spill = worker.store = SpillingStore(worker.store, tier, host_buffers=host, saving=saving,
@@ -94,4 +105,5 @@ class BatonStoreConnector(MooncakeStoreConnector):
     def shutdown(self):
         if self.spill is not None and self.spill in ACTIVE:
             ACTIVE.remove(self.spill)
+        SHM_READERS.clear()
         super().shutdown()
