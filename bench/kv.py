@@ -125,8 +125,8 @@ def _rate(before: dict, after: dict, nbytes: str, seconds: str) -> float:
 
 async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
     client = rig.store_client()
-    rows: dict[int, dict[str, list]] = {n: {"recompute": [], "memory": [], "disk": [], "cached": [],
-                                            "pool_Bps": [], "disk_tier_Bps": [], "device_share": []} for n in lengths}
+    names = ("recompute", "memory", "disk", "cached", "pool_Bps", "disk_tier_Bps", "device_share", "shm_share")
+    rows: dict[int, dict[str, list]] = {n: {k: [] for k in names} for n in lengths}
     from tqdm import tqdm
 
     bar = tqdm(total=len(lengths) * reps, desc="bench kv", unit="prefix", file=sys.stderr)
@@ -154,6 +154,9 @@ async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
             rows[n]["memory"].append(mem.ttft_s)
             rows[n]["cached"].append(mem.cached_tokens)
             rows[n]["pool_Bps"].append(_rate(s0, s1, "pool_load_bytes", "pool_load_s"))
+            pooled = s1.get("pool_load_bytes", 0) - s0.get("pool_load_bytes", 0)
+            shm = s1.get("shm_loaded_bytes", 0) - s0.get("shm_loaded_bytes", 0)
+            rows[n]["shm_share"].append(shm / pooled if pooled else 0.0)
 
             for k in files.values():
                 client.remove(k, True)
@@ -198,6 +201,7 @@ def _summary(rows: dict, kv_bytes_per_token: int) -> list[dict]:
             "memory_vs_recompute": round(med["memory"] / med["recompute"], 3),
             "disk_vs_recompute": round(med["disk"] / med["recompute"], 3),
             "pool_read_MBps": round(med["pool_Bps"] / 1e6),
+            "pool_bytes_via_shm": round(med["shm_share"], 2),
             "disk_tier_read_MBps": round(med["disk_tier_Bps"] / 1e6),
             # what the block devices delivered while the disk tier loaded, per byte loaded
             # (about 1: the bytes came from the disk, not the page cache)
@@ -236,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--pool", default="4GB", help="Mooncake memory pool")
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: in the workdir)")
+    parser.add_argument("--no-shm", action="store_true",
+                        help="mooncake.shm_reads off: pool loads over the transfer engine's TCP (the peer)")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     from cluster import tiny_model
@@ -245,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny_model.generate(model, size=args.model)
     workdir = bench_workdir("bench-kv")
     cfg = rig_config(workdir, kv_cache_gb=1, model=model, global_segment_size=args.pool,
-                     spill_cap="64GB", spill_min_free="2GB")
+                     spill_cap="64GB", spill_min_free="2GB", shm_reads=not args.no_shm)
     print("raw bandwidths ...", file=sys.stderr, flush=True)
     tcp = loopback_tcp_bandwidth()
     seq = disk_sequential_read(cfg.spill_path().parent)
@@ -258,15 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.metrics import kv_bytes_per_token
 
     summary = _summary(rows, kv_bytes_per_token(model, cfg.model.dtype))
-    result = {"model": args.model, "reps": args.reps, "loopback_tcp_MBps": round(tcp / 1e6),
+    result = {"model": args.model, "reps": args.reps, "shm_reads": not args.no_shm,
+              "loopback_tcp_MBps": round(tcp / 1e6),
               "disk_seq_read_MBps": round(seq / 1e6), f"disk_seq_read_{READERS}_streams_MBps": round(seq_par / 1e6),
               "traffic": traffic, "by_length": summary}
     print(f"{'tokens':>7} {'KV MiB':>7} {'recompute':>10} {'memory':>8} {'disk':>8} "
-          f"{'mem/re':>7} {'disk/re':>8} {'pool MB/s':>10} {'disk MB/s':>10} {'from dev':>9}")
+          f"{'mem/re':>7} {'disk/re':>8} {'pool MB/s':>10} {'via shm':>8} {'disk MB/s':>10} {'from dev':>9}")
     for s in summary:
         print(f"{s['prefix_tokens']:>7} {s['kv_mib']:>7} {s['ttft_recompute_ms']:>9}ms "
               f"{s['ttft_memory_ms']:>6}ms {s['ttft_disk_ms']:>6}ms {s['memory_vs_recompute']:>7} "
-              f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['disk_tier_read_MBps']:>10} "
+              f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['pool_bytes_via_shm']:>8} "
+              f"{s['disk_tier_read_MBps']:>10} "
               f"{s['device_read_per_loaded_byte']:>9}")
     print(f"raw loopback TCP {result['loopback_tcp_MBps']} MB/s, disk sequential read "
           f"{result['disk_seq_read_MBps']} MB/s (one stream), {round(seq_par / 1e6)} MB/s ({READERS} streams)")
