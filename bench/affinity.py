@@ -5,9 +5,10 @@ Two layouts of the `bench` model (8 layers, 16 heads sharing 8 KV heads,
 decode, routed among by the fronts (routing.colocated_router), and `pd`,
 2 prefill + 2 decode replicas. KV caches are sized so that the two replicas
 of a pool cannot hold every session's context (`--kv-gb` each; the sessions'
-final contexts add up to more than twice that). Agent sessions start at `--first-words` words (about 1k
-tokens) and grow by `--turn-words` a turn (to about 2k), each turn resending
-the whole conversation with its `x-session-affinity` header.
+final contexts add up to more than twice that). Agent sessions start at
+`--first-words` words (about 1k tokens) and grow by `--turn-words` a turn
+(to about 2k), each turn resending the whole conversation with its
+`x-session-affinity` header.
 
 For each layout, two pool settings, one after the other:
 - pool on: the Mooncake pool (1 GB) plus the spill tier; any engine that
