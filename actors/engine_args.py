@@ -15,10 +15,10 @@ import os
 from typing import Any, Literal
 
 from common.config import BatonConfig, ConfigError, parse_size
+from common.listeners import is_loopback
 
 Role = Literal["prefill", "decode", "colocated"]
 _KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Set by Baton itself; a pool's engine_args may not override them.
 _OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", "kv_transfer_config"}
 
@@ -74,11 +74,12 @@ def _lookup_id() -> int:
 def connector_extra(cfg: BatonConfig) -> dict[str, Any]:
     """kv_connector_extra_config for BatonStoreConnector: the holdings audit and the spill tier, if on."""
     m = cfg.mooncake
+    host = f"[{m.host}]" if ":" in m.host else m.host
     extra: dict[str, Any] = {"baton_audit_s": m.holdings_audit_s,
-                             "baton_master_http": f"http://{f'[{m.host}]' if ':' in m.host else m.host}:{m.master_metrics_port}"}
-    if m.shm_reads and m.host in LOOPBACK_HOSTS:
+                             "baton_master_http": f"http://{host}:{m.master_metrics_port}"}
+    if m.shm_reads and is_loopback(m.host):
         # The store listens on loopback, so it runs on this host: its real-client service shares memory.
-        extra["baton_shm_store"] = {"address": f"{m.host}:{m.store_port}", "staging_bytes": parse_size(m.shm_staging)}
+        extra["baton_shm_store"] = {"address": f"{host}:{m.store_port}", "staging_bytes": parse_size(m.shm_staging)}
     if m.spill:
         extra["baton_spill"] = {
             "dir": str(cfg.spill_path()),

@@ -68,14 +68,15 @@ class BatonStoreConnector(MooncakeStoreConnector):
         extra["cache_prefix"] = f"baton-{self.identity.digest}"
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.spill: SpillingStore | None = None
+        self.shm: ShmPoolReader | None = None
         worker = self.connector_worker
         shm = extra.get("baton_shm_store")
         host = vllm_config.device_config.device_type == "cpu"
         if shm and host and worker is not None and getattr(worker, "store", None) is not None:
-            reader = attach(worker.store, shm["address"], int(shm["staging_bytes"]))
-            if reader is not None:
-                worker.store = reader
-                SHM_READERS.append(reader)
+            self.shm = attach(worker.store, shm["address"], int(shm["staging_bytes"]))
+            if self.shm is not None:
+                worker.store = self.shm
+                SHM_READERS.append(self.shm)
         spill = extra.get("baton_spill")
         if spill and worker is not None and getattr(worker, "store", None) is not None:
             tier = SpillTier(spill["dir"], self.identity.digest, cap_bytes=int(spill["cap_bytes"]),
@@ -105,5 +106,6 @@ class BatonStoreConnector(MooncakeStoreConnector):
     def shutdown(self):
         if self.spill is not None and self.spill in ACTIVE:
             ACTIVE.remove(self.spill)
-        SHM_READERS.clear()
+        if self.shm is not None and self.shm in SHM_READERS:
+            SHM_READERS.remove(self.shm)
         super().shutdown()

@@ -82,6 +82,7 @@ class ShmPoolReader:
             t0 = time.perf_counter()
             got = self._dummy.batch_get_into([keys[i] for i in batch], [self._staging + o for o in offsets],
                                              [totals[i] for i in batch])
+            loaded = 0
             for i, o, r in zip(batch, offsets, got):
                 if r != totals[i]:
                     continue  # missing or short: the transfer engine tries it
@@ -90,9 +91,9 @@ class ShmPoolReader:
                     ctypes.memmove(addr, src, size)
                     src += size
                 res[i] = r
-            done = sum(totals[i] for i, r in zip(batch, got) if r == totals[i])
-            self.stats.update(shm_load_s=time.perf_counter() - t0, shm_loaded_bytes=done,
-                              shm_loaded=sum(1 for i, r in zip(batch, got) if r == totals[i]))
+                loaded += 1
+            self.stats.update(shm_load_s=time.perf_counter() - t0, shm_loaded=loaded,
+                              shm_loaded_bytes=sum(res[i] for i in batch if res[i] > 0))
 
 
 def attach(store, store_address: str, staging_bytes: int) -> ShmPoolReader | None:

@@ -185,12 +185,15 @@ class BatonPolicy:
         blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
         slack = cfg.overload_slack_blocks if blocks else cfg.overload_slack_requests
         total = sum(load.values())
-        wait = {n: loads[n].oldest_wait_s for n in load}
+        # The least wait among the others: the pool's least, or for its holder the second least.
+        by_wait = sorted(load, key=lambda n: loads[n].oldest_wait_s)
+        least, second = (loads[by_wait[i]].oldest_wait_s for i in (0, 1))
         out = set()
         for n in load:
             others = (total - load[n]) / (len(load) - 1)
-            least_wait = min(w for m, w in wait.items() if m != n)
-            if load[n] <= cfg.overload_ratio * others + slack and wait[n] <= least_wait + cfg.overload_wait_s:
+            least_wait = second if n == by_wait[0] else least
+            if load[n] <= cfg.overload_ratio * others + slack and \
+                    loads[n].oldest_wait_s <= least_wait + cfg.overload_wait_s:
                 out.add(n)
         return out
 
