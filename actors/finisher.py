@@ -10,7 +10,9 @@ On the completion routes it
   string `code` such as context_length_exceeded or model_not_found).
 
 Stream chunks without `usage` pass through as bytes: only a chunk that
-contains the bytes `"usage":{` is parsed. The request's `decode` span (and
+contains the bytes `"usage":{` is parsed. When the front already streamed
+the prefill engine's first token (deployments/first_token.py), the stream's
+role event is dropped and usage counts that token as output. The request's `decode` span (and
 `kv_load`, up to the first answer bytes) continues the front's trace.
 """
 
@@ -27,6 +29,7 @@ from common.response import BatonInfo
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 INFO_HEADER = b"x-baton-info"
 _USAGE = b'"usage":{'
+_ROLE = b'"delta":{"role":"assistant","content":""}'
 _INFO_FIELDS = {f.name for f in fields(BatonInfo)}
 
 
@@ -76,15 +79,28 @@ def normalize_error(status: int, body: dict) -> dict:
 
 def finish_usage(obj: dict, info: BatonInfo) -> int | None:
     """Sets cached_tokens as Baton counts them and adds `baton`; changes `obj`
-    and `info`. Returns the prompt's token count, None without usage."""
+    and `info`. Returns the prompt's token count, None without usage.
+
+    When the prefill sampled the first token, this engine's prompt held it:
+    it is counted back as a completion token."""
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
+    if info.first_token == "prefill" and usage.get("prompt_tokens"):
+        usage["prompt_tokens"] -= 1
+        usage["completion_tokens"] = int(usage.get("completion_tokens") or 0) + 1
     details = usage.get("prompt_tokens_details") or {}
     info.decode_cached_tokens = int(details.get("cached_tokens") or 0)
     usage["prompt_tokens_details"] = {**details, "cached_tokens": info.cached_tokens()}
     obj["baton"] = info.body()
     return int(usage.get("prompt_tokens") or 0)
+
+
+def _drop_role(chunk: bytes) -> bytes:
+    """The chunk without vLLM's assistant-role event, which the front already sent."""
+    if _ROLE not in chunk:
+        return chunk
+    return b"\n\n".join(e for e in chunk.split(b"\n\n") if not (e.startswith(b"data: {") and _ROLE in e))
 
 
 def _finish_sse(chunk: bytes, info: BatonInfo) -> tuple[bytes, int | None]:
@@ -138,6 +154,7 @@ class _FinishingSend:
         self.start: dict | None = None
         self.mode = "pass"  # pass | sse | json
         self.buffer: list[bytes] = []
+        self.drop_role = info.first_token == "prefill"  # the front sent the role event
 
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
@@ -155,6 +172,9 @@ class _FinishingSend:
         if body:
             self.end_kv()
         if self.mode == "sse":
+            if self.drop_role and body:  # vLLM's first event is the role
+                body, self.drop_role = _drop_role(body), False
+                message = {**message, "body": body}
             if _USAGE in body:
                 finished, prompt_tokens = _finish_sse(body, self.info)
                 self.prompt_tokens = prompt_tokens or self.prompt_tokens

@@ -31,6 +31,9 @@ from common.processes import free_ports
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
 SAVE_RECHECK_S = 0.5
+# vLLM's chat server's last resort for unset sampling fields (ChatCompletionRequest's
+# _DEFAULT_SAMPLING_PARAMS, less the penalties a first-token request leaves at 0).
+OPENAI_SAMPLING_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
 @dataclass
@@ -144,25 +147,43 @@ class EngineApp:
         """The prompt's token ids, rendered exactly as the app renders `body`."""
         return list((await self._engine_input(kind, body))["prompt_token_ids"])
 
-    async def prefill(self, prompt_ids: list[int], cache_salt: str | None) -> PrefillResult:
+    async def prefill(self, prompt_ids: list[int], cache_salt: str | None, sampling: dict | None = None,
+                      on_token=None) -> PrefillResult:
         """Computes the prompt's KV, waits until it is saved to Mooncake.
 
         Adds the prompt's full blocks to this engine's prefix cache and to the
-        store; the one sampled token is discarded.
+        store. With `sampling` (the request's fields of deployments/first_token.py
+        SAMPLING), the one token is sampled as the request's first and awaited
+        `on_token({"token_id", "text", "finish_reason"})` gets it before the
+        saves drain; without, it is greedy and discarded.
         """
-        from vllm import SamplingParams
-
         started = time.monotonic()
         prompt: dict = {"prompt_token_ids": prompt_ids}
         if cache_salt:
             prompt["cache_salt"] = cache_salt
         request_id = f"prefill-{uuid.uuid4().hex}"
-        cached = 0
-        async for out in self.engine.generate(prompt, SamplingParams(max_tokens=1), request_id):
-            cached = out.num_cached_tokens or cached
+        cached, last = 0, None
+        async for out in self.engine.generate(prompt, self._one_token(sampling), request_id):
+            cached, last = out.num_cached_tokens or cached, out
         computed = time.monotonic()
+        if on_token is not None and last is not None and last.outputs and last.outputs[0].token_ids:
+            first = last.outputs[0]
+            await on_token({"token_id": int(first.token_ids[0]), "text": first.text,
+                            "finish_reason": first.finish_reason})
         end = await self._drain_saves(request_id, computed)
         return PrefillResult(len(prompt_ids), cached, computed - started, time.monotonic() - computed, end)
+
+    def _one_token(self, sampling: dict | None):
+        """SamplingParams for the prefill's one token: the request's fields over the
+        model's generation defaults over OpenAI's, as vLLM's chat server builds them."""
+        from vllm import SamplingParams
+
+        if sampling is None:
+            return SamplingParams(max_tokens=1, temperature=0.0)
+        defaults = self.engine.model_config.get_diff_sampling_param()
+        fields = {k: sampling.get(k, defaults.get(k, d)) for k, d in OPENAI_SAMPLING_DEFAULTS.items()}
+        return SamplingParams.from_optional(max_tokens=1, ignore_eos=bool(sampling.get("ignore_eos", False)),
+                                            stop_token_ids=defaults.get("stop_token_ids"), **fields)
 
     async def _drain_saves(self, request_id: str, finished: float) -> str:
         """Waits until the connector has no queued store job of `request_id`,

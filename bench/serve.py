@@ -8,7 +8,10 @@ docs/security.md):
 - `ray_serve_llm`: Ray Serve LLM's default `build_openai_app`;
 - `ray_serve_llm_fast`: Ray Serve LLM at its fastest (HAProxy, direct
   streaming, throughput-optimized);
-- `baton_colocated`, `baton_disaggregated`: Baton's two modes.
+- `baton_colocated`, `baton_disaggregated`: Baton's two modes;
+- `baton_disaggregated_two_step` (only when named in `--systems`):
+  disaggregated with `routing.prefill_first_token` off, so the first token
+  waits for the KV transfer and decode's first step, as before that path.
 
 Each system gets the same load from vLLM's own benchmark (bench/vllm_load.py):
 400 uniformly random tokens per prompt, 64 output tokens, streamed, at
@@ -35,6 +38,7 @@ from bench.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
 
 SYSTEMS = ("vllm_serve", "ray_serve_llm", "ray_serve_llm_fast", "baton_colocated", "baton_disaggregated")
+OPTIONAL = ("baton_disaggregated_two_step",)
 
 
 @contextmanager
@@ -47,8 +51,9 @@ def started(system: str, workdir: Path, cfg):
         with RayServeLLM(workdir / f"{system}.log", fast=system.endswith("fast")) as s:
             yield s.url
     else:
+        routing = {"prefill_first_token": False} if system.endswith("two_step") else {}
         stack = StackProcess(write_config(workdir / system, colocated=system == "baton_colocated",
-                                          tracing={"exporter": "none"}))
+                                          tracing={"exporter": "none"}, routing=routing))
         stack.start()
         try:
             yield stack.url
@@ -114,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, help="bar chart of req/s per system and round (PNG)")
     args = p.parse_args(argv)
     systems = args.systems.split(",")
-    if unknown := set(systems) - set(SYSTEMS):
-        p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if unknown := set(systems) - set(SYSTEMS + OPTIONAL):
+        p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS + OPTIONAL)}")
     # Each load its own seed, hence its own prompts (bench/vllm_load.py).
     loads = {"c8": vllm_load.Workload(args.requests, 8, args.input_len, args.output_len, seed=0),
              "c1": vllm_load.Workload(args.requests_c1, 1, args.input_len, args.output_len, seed=1)}

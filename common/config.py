@@ -255,6 +255,11 @@ class RoutingConfig(_Strict):
         "to the KV indexer); false: a request runs where the kernel put its connection, or on a peer "
         "when that engine is full"
     )
+    prefill_first_token: bool = Field(
+        True, description="disaggregated: a plain streamed chat request's first token is the one the "
+        "prefill engine samples, streamed before the KV moves; decode continues after it "
+        "(deployments/first_token.py says which requests qualify)"
+    )
 
 
 class RayConfig(_Strict):

@@ -23,6 +23,7 @@ class BatonInfo:
     prefill_replica: str | None = None
     decode_replica: str | None = None
     retried_after: str | None = None  # error type of a first attempt that failed before any token
+    first_token: str | None = None  # "prefill": the prefill engine sampled the first token, decode went on
     # Prompt tokens the prefill engine found cached; None when no prefill ran.
     prefill_cached_tokens: int | None = None
     # Prompt tokens the decode engine did not compute: its own cache or loaded from Mooncake.
@@ -40,7 +41,7 @@ class BatonInfo:
         """The JSON object; changes nothing."""
         out: dict = {}
         for key in ("route", "decode_only", "predicted_cached_tokens", "prefill_replica",
-                    "decode_replica", "retried_after"):
+                    "decode_replica", "retried_after", "first_token"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value

@@ -34,7 +34,7 @@ from common import tracing
 from common.config import BatonConfig
 from common.constants import DEADLINE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, TIER_HEADER
 from common.response import BatonInfo
-from deployments import relay, schemas
+from deployments import first_token, relay, schemas
 from deployments.admission import AsyncAdmission, Shed
 from deployments.api_keys import KeyTable
 from deployments.bodies import check_length, read_body
@@ -223,20 +223,21 @@ class Front:
         with tracing.tracer().start_as_current_span("ingress") as span:
             span.set_attribute("baton.request_id", request_id)
             info, route = BatonInfo(), None
+            stream = relay.EarlyStream(send, extra)
             try:
-                route = await self._route(kind, body, tenant, session, info, request_id)
+                route = await self._route(kind, body, tenant, session, info, request_id, stream)
             except BaseException:
                 self._release(permit, tenant)
                 raise
             span.set_attribute("baton.route", info.route or "")
             done = self._on_done(permit, tenant, route)
             try:
-                await self._dispatch(scope, receive, send, body, info, route, request_id, extra, done)
+                await self._dispatch(scope, receive, stream, body, info, route, request_id, extra, done)
             finally:
                 done(None)  # idempotent: frees whatever a cancelled or failed dispatch still holds
 
     async def _route(self, kind: str, body: dict, tenant: str, session: str | None,
-                     info: BatonInfo, request_id: str) -> Route | None:
+                     info: BatonInfo, request_id: str, stream: relay.EarlyStream) -> Route | None:
         if self.routing is None:  # unrouted colocated: this replica serves it, unless its engine is full
             info.route, info.decode_only = "colocated", True
             route = self._spill_route()
@@ -266,7 +267,8 @@ class Front:
         self.routing.started(route)
         if not route.decode_only:
             if route.prefill_url:
-                await self._prefill(route, ids, tenant, info, request_id)
+                lead = self.cfg.routing.prefill_first_token and first_token.eligible(kind, body)
+                await self._prefill(route, ids, tenant, info, request_id, body if lead else None, stream)
             else:  # a registry entry without a URL: decode computes the prompt
                 info.decode_only = True
         return route
@@ -285,13 +287,25 @@ class Front:
         self.spill.update({f: p.running for f, p in peers.items()})
 
     async def _prefill(self, route: Route, ids: list[int], tenant: str, info: BatonInfo,
-                       request_id: str) -> None:
-        """Runs the prompt on the prefill replica; on failure decode computes it."""
+                       request_id: str, lead: dict | None, stream: relay.EarlyStream) -> None:
+        """Runs the prompt on the prefill replica; on failure decode computes it.
+
+        `lead`: the body of a request that may stream the prefill's token as its
+        first (deployments/first_token.py); the body then becomes decode's part."""
+        payload = {"prompt_token_ids": ids, "cache_salt": tenant, "request_id": request_id,
+                   "trace": tracing.inject()}
+        if lead is not None:
+            payload["first_token"] = first_token.sampling(lead)
+
+        async def on_first(token: dict) -> None:
+            if first_token.usable(token):
+                first_token.continue_body(lead, ids, token["token_id"])
+                info.first_token = "prefill"
+                await stream.begin(first_token.first_events(request_id, self.model, token["text"]))
+
         try:
-            res = await relay.post_json(self.http, f"{route.prefill_url}/baton/prefill",
-                                        {"prompt_token_ids": ids, "cache_salt": tenant,
-                                         "request_id": request_id, "trace": tracing.inject()},
-                                        self.cfg.serve.request_timeout_s)
+            res = await relay.post_json(self.http, f"{route.prefill_url}/baton/prefill", payload,
+                                        self.cfg.serve.request_timeout_s, on_first)
             info.prefill_cached_tokens = int(res["cached_tokens"])
             info.prefill_replica = route.prefill_replica
         except Exception as exc:  # noqa: BLE001 - decode recomputes the prompt

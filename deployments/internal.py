@@ -2,7 +2,10 @@
 
 - `POST /baton/prefill` `{"prompt_token_ids": [...], "cache_salt": "..."}`
   computes the prompt's KV into Mooncake and answers
-  `{"prompt_tokens", "cached_tokens", "seconds"}` once it is saved.
+  `{"prompt_tokens", "cached_tokens", ...}` (actors/openai_app.py PrefillResult)
+  once it is saved. With `"first_token": {sampling fields}` the answer is two
+  JSON lines: the sampled token `{"token_id", "text", "finish_reason"}` as
+  soon as it exists, then the result (or `{"error"}`) once the KV is saved.
 - `GET /baton/metrics`: this replica's front metrics, which any front sums
   into the public /metrics;
 - everything else goes to vLLM's app behind the Finisher: completions that
@@ -27,7 +30,6 @@ def internal_app(engine, finished_app, metrics=None):
     from deployments.bodies import read_body
     from deployments.front import respond
     from deployments.schemas import APIError
-    from vllm.exceptions import VLLMClientError
 
     async def app(scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/baton/metrics":
@@ -38,16 +40,42 @@ def internal_app(engine, finished_app, metrics=None):
                 ids = [int(t) for t in req["prompt_token_ids"]]
             except (ValueError, KeyError, TypeError, APIError) as exc:
                 return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
-            ctx = tracing.extract(req.get("trace") or {})
-            with tracing.tracer().start_as_current_span("prefill", context=ctx) as span:
-                span.set_attribute("baton.request_id", str(req.get("request_id", "")))
-                span.set_attribute("baton.replica", engine.replica)
-                try:
-                    result = await engine.prefill(ids, req.get("cache_salt"))
-                except (ValueError, VLLMClientError) as exc:  # vLLM's checks, e.g. ids beyond the vocabulary
-                    return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
-                span.set_attribute("baton.cached_tokens", result.cached_tokens)
-            return await respond(send, 200, asdict(result))
+            return await _prefill(engine, ids, req, send)
         return await finished_app(scope, receive, send)
 
     return app
+
+
+async def _prefill(engine, ids: list[int], req: dict, send) -> None:
+    """Runs one prefill and answers it: one JSON object, or with `first_token` two
+    lines, the token as soon as it is sampled and then the result."""
+    from deployments.front import respond
+    from vllm.exceptions import VLLMClientError
+
+    lines = isinstance(req.get("first_token"), dict)
+    started = False
+
+    async def on_token(token: dict) -> None:
+        nonlocal started
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-ndjson")]})
+        started = True
+        await send({"type": "http.response.body", "body": json.dumps(token).encode() + b"\n", "more_body": True})
+
+    ctx = tracing.extract(req.get("trace") or {})
+    with tracing.tracer().start_as_current_span("prefill", context=ctx) as span:
+        span.set_attribute("baton.request_id", str(req.get("request_id", "")))
+        span.set_attribute("baton.replica", engine.replica)
+        try:
+            result = asdict(await engine.prefill(ids, req.get("cache_salt"), req.get("first_token") if lines else None,
+                                                 on_token if lines else None))
+            span.set_attribute("baton.cached_tokens", result["cached_tokens"])
+        except (ValueError, VLLMClientError) as exc:  # vLLM's checks, e.g. ids beyond the vocabulary
+            if not started:
+                return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+    if not lines:
+        return await respond(send, 200, result)
+    if not started:  # no token came out (the engine aborted the request)
+        return await respond(send, 500, {"error": "prefill produced no token"})
+    await send({"type": "http.response.body", "body": json.dumps(result).encode() + b"\n", "more_body": False})

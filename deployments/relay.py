@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 import aiohttp
 
@@ -138,10 +138,64 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
     return timing
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float) -> dict:
-    """POSTs JSON to another replica's internal route; raises on any failure."""
+async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float,
+                    on_first: Callable[[dict], Awaitable[None]] | None = None) -> dict:
+    """POSTs JSON to another replica's internal route; raises on any failure.
+
+    An answer of JSON lines (a prefill asked for its first token) has
+    `on_first` awaited on its first line; the last line is the result."""
     async with session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
-        return await resp.json()
+        if resp.content_type != "application/x-ndjson":
+            return await resp.json()
+        first = json.loads(await resp.content.readline())
+        if on_first is not None:
+            await on_first(first)
+        result = json.loads(await resp.content.readline())
+        if "error" in result:
+            raise RuntimeError(f"{url}: {result['error']}")
+        return result
 
+
+class EarlyStream:
+    """The `send` of a request whose stream the front may begin itself.
+
+    Until `begin`, messages pass through. After it, the answer that follows
+    continues the same stream: its response start is dropped, and an error
+    answer becomes an OpenAI error event and [DONE]."""
+
+    def __init__(self, send, extra_headers: list):
+        self.send, self.extra = send, extra_headers
+        self.started = False
+        self._status = 200
+        self._error: list[bytes] = []
+
+    async def begin(self, events: bytes) -> None:
+        """Sends the client the stream's start and its first `events`."""
+        await self.send({"type": "http.response.start", "status": 200,
+                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), *self.extra]})
+        self.started = True
+        await self.send({"type": "http.response.body", "body": events, "more_body": True})
+
+    async def __call__(self, message: dict) -> None:
+        if not self.started:
+            return await self.send(message)
+        if message["type"] == "http.response.start":
+            self._status = message["status"]
+            return
+        if message["type"] != "http.response.body" or self._status == 200:
+            return await self.send(message)
+        self._error.append(message.get("body", b""))
+        if not message.get("more_body"):
+            await self.send({"type": "http.response.body", "body": _error_event(self._status, b"".join(self._error)),
+                             "more_body": False})
+
+
+def _error_event(status: int, raw: bytes) -> bytes:
+    """An error answer's body as the event that ends a stream."""
+    try:
+        err = json.loads(raw)["error"]
+    except (ValueError, KeyError, TypeError):
+        err = {"message": raw.decode(errors="replace")[:500], "type": "server_error", "param": None, "code": None}
+    return f"data: {json.dumps({'error': err})}\n\ndata: [DONE]\n\n".encode()
