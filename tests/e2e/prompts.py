@@ -24,5 +24,5 @@ MAX_TOKENS = 12
 
 
 def cases(mode: str) -> dict[str, list[dict]]:
-    """The prompts for one request mode ('plain' or 'stream')."""
+    """The prompts for one request mode ('plain', 'stream' or 'first')."""
     return {name: make(f"{mode}-{name}", words) for name, words in LENGTHS.items()}

@@ -21,7 +21,7 @@ def main() -> None:
     path = str(cfg.model.resolved_path())
     tok = AutoTokenizer.from_pretrained(path)
     keys, batch = [], []
-    for mode in ("plain", "stream"):
+    for mode in ("plain", "stream", "first"):
         for name, messages in prompts.cases(mode).items():
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             keys.append(f"{mode}/{name}")

@@ -57,6 +57,37 @@ def test_streaming_matches_colocated_engine(client, reference, name):
     assert baton["decode_cached_tokens"] == full_blocks(len(ref["prompt_ids"]))
 
 
+@pytest.mark.parametrize("name", ["medium", "long"])
+def test_a_plain_stream_takes_its_first_token_from_prefill_and_matches(client, reference, name):
+    """A streamed chat request without tools, logprobs or token ids gets the prefill
+    engine's token first; the whole answer and its usage are what the unsplit
+    path gives (the reference engine's tokens)."""
+    ref, messages = reference[f"first/{name}"], prompts.cases("first")[name]
+    stream = client.chat.completions.create(
+        model="baton-tiny", messages=messages, max_tokens=prompts.MAX_TOKENS, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    roles, text, usage, baton, finish = [], "", None, None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage, baton = chunk.usage, chunk.model_extra["baton"]
+        for c in chunk.choices:
+            roles += [c.delta.role] if c.delta.role else []
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert baton["first_token"] == "prefill" and baton["decode_only"] is False
+    assert roles == ["assistant"]
+    assert usage.prompt_tokens == len(ref["prompt_ids"])
+    assert usage.completion_tokens == len(ref["token_ids"])
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    # Decode loaded the prompt's blocks that the prefill saved, and computed the rest.
+    assert baton["decode_cached_tokens"] >= full_blocks(len(ref["prompt_ids"]))
+    whole = client.chat.completions.create(
+        model="baton-tiny", messages=messages, max_tokens=prompts.MAX_TOKENS, temperature=0,
+        extra_body={"return_token_ids": True})
+    assert whole.choices[0].model_extra["token_ids"] == ref["token_ids"]
+    assert text == whole.choices[0].message.content and finish == whole.choices[0].finish_reason
+
+
 def test_completions_endpoint_and_sampling_params(client):
     out = client.completions.create(model="baton-tiny", prompt="The river runs", max_tokens=5,
                                     temperature=0.8, top_p=0.9, seed=7)
