@@ -70,6 +70,7 @@ async def _prefill(engine, ids: list[int], req: dict, send) -> None:
             result = asdict(await engine.prefill(ids, req.get("cache_salt"), req.get("first_token") if lines else None,
                                                  on_token if lines else None))
             span.set_attribute("baton.cached_tokens", result["cached_tokens"])
+            span.set_attribute("baton.compute_s", result["compute_s"])
         except (ValueError, VLLMClientError) as exc:  # vLLM's checks, e.g. ids beyond the vocabulary
             if not started:
                 return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
