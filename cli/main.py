@@ -142,13 +142,13 @@ def cmd_secrets(args) -> int:
     return 0
 
 
-BENCHES = ("serve", "load", "affinity", "overload", "reject", "router", "kv")
+BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, kv, load, overload, reject, router, serve
+    from bench import affinity, kv, load, overload, reject, router, serve, ttft
 
-    modules = {"serve": serve, "load": load, "affinity": affinity, "overload": overload,
+    modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
                "reject": reject, "router": router, "kv": kv}
     return modules[args.what].main(args.extra)
 
