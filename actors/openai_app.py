@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from actors import engine_args
 from common.config import BatonConfig
+from common.constants import NO_LOOKUP
 from common.processes import free_ports
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
@@ -148,14 +149,15 @@ class EngineApp:
         return list((await self._engine_input(kind, body))["prompt_token_ids"])
 
     async def prefill(self, prompt_ids: list[int], cache_salt: str | None, sampling: dict | None = None,
-                      on_token=None) -> PrefillResult:
+                      on_token=None, lookup: bool = True) -> PrefillResult:
         """Computes the prompt's KV, waits until it is saved to Mooncake.
 
         Adds the prompt's full blocks to this engine's prefix cache and to the
         store. With `sampling` (the request's fields of deployments/first_token.py
         SAMPLING), the one token is sampled as the request's first and awaited
         `on_token({"token_id", "text", "finish_reason"})` gets it before the
-        saves drain; without, it is greedy and discarded.
+        saves drain; without, it is greedy and discarded. `lookup=False` skips
+        the connector's store lookup (kvstore/connector.py).
         """
         started = time.monotonic()
         prompt: dict = {"prompt_token_ids": prompt_ids}
@@ -163,7 +165,10 @@ class EngineApp:
             prompt["cache_salt"] = cache_salt
         request_id = f"prefill-{uuid.uuid4().hex}"
         cached, last = 0, None
-        async for out in self.engine.generate(prompt, self._one_token(sampling), request_id):
+        params = self._one_token(sampling)
+        if not lookup:
+            params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": {NO_LOOKUP: True}}
+        async for out in self.engine.generate(prompt, params, request_id):
             cached, last = out.num_cached_tokens or cached, out
         computed = time.monotonic()
         if on_token is not None and last is not None and last.outputs and last.outputs[0].token_ids:

@@ -30,3 +30,7 @@ DEFAULT_TENANT = "default"  # tenant of every request when auth is off
 
 # Pseudo-replica in the prefix index for blocks held by the Mooncake store.
 STORE_REPLICA = "store"
+
+# kv_transfer_params key: true skips the KV connector's store lookup for a request
+# (kvstore/connector.py), sent when the router's index says the store holds nothing more.
+NO_LOOKUP = "baton_no_lookup"

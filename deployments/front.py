@@ -293,7 +293,7 @@ class Front:
         `lead`: the body of a request that may stream the prefill's token as its
         first (deployments/first_token.py); the body then becomes decode's part."""
         payload = {"prompt_token_ids": ids, "cache_salt": tenant, "request_id": request_id,
-                   "trace": tracing.inject()}
+                   "lookup": route.prefill_lookup, "trace": tracing.inject()}
         if lead is not None:
             payload["first_token"] = first_token.sampling(lead)
 

@@ -6,6 +6,8 @@
   once it is saved. With `"first_token": {sampling fields}` the answer is two
   JSON lines: the sampled token `{"token_id", "text", "finish_reason"}` as
   soon as it exists, then the result (or `{"error"}`) once the KV is saved.
+  `"lookup": false` (the router's index says the store holds no more of the
+  prompt than this engine's cache) skips the engine's store lookup.
 - `GET /baton/metrics`: this replica's front metrics, which any front sums
   into the public /metrics;
 - everything else goes to vLLM's app behind the Finisher: completions that
@@ -68,7 +70,7 @@ async def _prefill(engine, ids: list[int], req: dict, send) -> None:
         span.set_attribute("baton.replica", engine.replica)
         try:
             result = asdict(await engine.prefill(ids, req.get("cache_salt"), req.get("first_token") if lines else None,
-                                                 on_token if lines else None))
+                                                 on_token if lines else None, lookup=req.get("lookup") is not False))
             span.set_attribute("baton.cached_tokens", result["cached_tokens"])
             span.set_attribute("baton.compute_s", result["compute_s"])
         except (ValueError, VLLMClientError) as exc:  # vLLM's checks, e.g. ids beyond the vocabulary

@@ -46,6 +46,9 @@ class Route:
     in_flight: set = field(default_factory=set)  # pools this request still occupies
     decode_url: str | None = None  # internal servers of the chosen replicas, from the registry
     prefill_url: str | None = None
+    # Whether the index says the store holds more of the prompt than the prefill
+    # engine's own cache: if not, the prefill engine skips its store lookup.
+    prefill_lookup: bool = True
 
 
 @dataclass
@@ -167,6 +170,7 @@ class RequestRouting:
             route.prefill_url = state.live["prefill"][prefill.replica].get("url")
             # The prefill engine loads from the store what its own cache lacks (mooncake.prefix_reuse).
             reuse = store_held if self.cfg.mooncake.prefix_reuse else 0
+            route.prefill_lookup = reuse > prefill.cached_blocks
             route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), len(prompt_ids))
         self._write_pins(session, chosen)
         return route

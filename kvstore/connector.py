@@ -16,6 +16,10 @@ Loaded by name (`kv_connector="BatonStoreConnector"`,
   `baton_audit_s` seconds it checks that some tier still holds what this worker put, and publishes `BlockRemoved` (medium "cpu") for what none does,
   so the router's index drops store holdings when the store does.
 
+A request whose `kv_transfer_params` carry `baton_no_lookup` skips the
+scheduler's store lookup (a round trip to the store per request): the front
+sends it when the router's index says the store holds nothing more.
+
 The live SpillingStore of this process is kept in `ACTIVE` for the worker
 extension (actors/kv_probe.py) that reports its counters.
 """
@@ -29,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
     MooncakeStoreConnector,
 )
 
+from common.constants import NO_LOOKUP
 from kvstore.holdings import AuditedStore, event_hash, master_presence
 from kvstore.identity import ModelIdentity, config_digest
 from kvstore.shm_pool import ShmPoolReader, attach
@@ -91,6 +96,13 @@ class BatonStoreConnector(MooncakeStoreConnector):
             presence = master_presence(master_http, self.spill.tier.contains if self.spill else None)
             worker.store = AuditedStore(worker.store, presence, self._report_gone,
                                         interval_s=float(extra.get("baton_audit_s", 1.0)))
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        """The store's hit for `request`, or none without asking when the front said
+        the store holds no more of it than this engine's cache (`NO_LOOKUP`)."""
+        if (getattr(request, "kv_transfer_params", None) or {}).get(NO_LOOKUP):
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def _report_gone(self, keys: list[str]) -> None:
         """Queues `BlockRemoved` for store keys no tier holds, on the engine's KV event stream."""
