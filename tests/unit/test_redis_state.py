@@ -115,6 +115,32 @@ def test_routing_pins_the_session_in_redis_and_the_pin_expires(clients):
     assert pinned == b"r1" and later is None
 
 
+def test_prefill_looks_up_the_store_only_when_the_index_says_it_holds_more(clients):
+    from common.config import BatonConfig
+    from common.constants import STORE_REPLICA
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+    from routing.block_hash import hash_blocks
+
+    sync, aio = clients
+    cfg = BatonConfig()
+    for pool, name in (("decode", "d1"), ("prefill", "p1")):
+        Registry.beat(sync, pool, name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    prompt = list(range(200))  # 6 full blocks of 32
+
+    def route():
+        return run(aio, lambda c: RequestRouting(cfg, c, IngressMetrics()).route(prompt, "t", None))
+
+    cold = route()
+    assert cold.prefill_replica == "p1" and cold.prefill_lookup is False
+    hashes = hash_blocks(prompt, cfg.model.block_size, "t")
+    RedisIndex(sync).apply_stored(STORE_REPLICA, hashes[:4])
+    held = route()
+    assert held.prefill_lookup is True and held.predicted_cached_tokens == 4 * 32
+    RedisIndex(sync).apply_stored("p1", hashes[:5])  # the prefill engine's own cache holds more
+    assert route().prefill_lookup is False
+
+
 def test_registry_drops_stale_heartbeats(clients):
     sync, aio = clients
     Registry.beat(sync, "decode", "fresh", {"capacity_blocks": 10})
