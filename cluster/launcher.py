@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from cluster import loopback, tiny_model
+from common import engine_threads
 from common.config import BatonConfig
 from common.listeners import is_loopback
 from common.processes import ManagedProcess, redis_process
@@ -105,9 +106,18 @@ class LocalStack:
         serve.start(proxy_location="Disabled")
         warmup = WarmupServer(self.cfg.serve.host, self.cfg.serve.port).start()
         try:
-            rollout(build_app(self.cfg, worker_cfg, self._loopback_env), self.progress, ENGINE_WARMUP_TIMEOUT_S)
+            rollout(build_app(self.cfg, worker_cfg, self._loopback_env, self._threads()), self.progress,
+                    ENGINE_WARMUP_TIMEOUT_S)
         finally:
             warmup.stop()
+
+    def _threads(self) -> dict[str, str]:
+        """The engines' thread split when this process started Ray's only node; {} on a cluster."""
+        if self.cfg.ray.address:
+            return {}
+        c = self.cfg
+        engines = engine_threads.local_engines(c.colocated, c.prefill.replicas, c.decode.replicas)
+        return engine_threads.thread_env(engines, c.ray.num_cpus or len(os.sched_getaffinity(0)))
 
     def _spawn(self, proc: ManagedProcess) -> None:
         proc.start()

@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve import Application
 
 from actors.vllm_plugin import SPIN_ENV
+from common.engine_threads import THREAD_KEYS
 from common.config import BatonConfig, PoolConfig
 from deployments.kv_indexer import KVIndexer
 from deployments.replica import EngineReplica
@@ -31,10 +32,16 @@ def _plugin_env(pool: PoolConfig) -> dict[str, str]:
     return {} if pool.shm_spin_s is None else {SPIN_ENV: str(pool.shm_spin_s)}
 
 
+def _threads(pool: PoolConfig, threads: dict[str, str]) -> dict[str, str]:
+    """The launcher's thread split, for CPU engines whose pool sets no threads of its own."""
+    return {} if pool.resources.num_gpus or THREAD_KEYS & pool.env.keys() else threads
+
+
 def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, env: dict[str, str],
-          *bound):
+          threads: dict[str, str], *bound):
     options = pool.resources.ray_actor_options()
-    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **_plugin_env(pool), **pool.env}}
+    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **_threads(pool, threads),
+                                           **_plugin_env(pool), **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(
         name=name,
@@ -47,16 +54,18 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
     ).bind(cfg.model_dump(), role, *bound)
 
 
-def build_app(cfg: BatonConfig, mooncake_config: Path | None, env: dict[str, str] | None = None) -> Application:
-    """The bound application; `mooncake_config` is the workers' JSON file, `env` the engines' environment."""
-    env = env or {}
+def build_app(cfg: BatonConfig, mooncake_config: Path | None, env: dict[str, str] | None = None,
+              threads: dict[str, str] | None = None) -> Application:
+    """The bound application; `mooncake_config` is the workers' JSON file, `env` the environment of
+    every replica, `threads` that of CPU engines (common/engine_threads.py) whose pool sets none."""
+    env, threads = env or {}, threads or {}
     if cfg.colocated and not cfg.routes():
-        return _pool(cfg, "colocated", cfg.decode, None, env)
+        return _pool(cfg, "colocated", cfg.decode, None, env, threads)
     # Its Serve replica runs a gRPC server of Ray's that binds a wildcard, as the engines' do.
     indexer = KVIndexer.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
     indexer = indexer.bind(cfg.model_dump())
     if cfg.colocated:  # routed colocated: the fronts route among the pool's replicas
         return _pool(cfg, "colocated", cfg.decode, mooncake_config if cfg.mooncake.colocated_pool else None,
-                     env, indexer)
-    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config, env)
-    return _pool(cfg, "decode", cfg.decode, mooncake_config, env, prefill, indexer)
+                     env, threads, indexer)
+    prefill = _pool(cfg, "prefill", cfg.prefill, mooncake_config, env, threads)
+    return _pool(cfg, "decode", cfg.decode, mooncake_config, env, threads, prefill, indexer)
