@@ -103,7 +103,8 @@ class PoolConfig(_Strict):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="environment of this pool's engine processes, e.g. {VLLM_CPU_OMP_THREADS_BIND: '0'} "
-        "to pin a CPU engine's threads to core 0",
+        "to pin a CPU engine's threads to core 0 (without either OpenMP setting here, `baton up` gives each of "
+        "several CPU engines cores // engines unbound threads: common/engine_threads.py)",
     )
     autoscaling: AutoscalingSection | None = Field(
         None, description="per-pool autoscaling (used by `baton deploy`); null keeps `replicas` fixed"
