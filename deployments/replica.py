@@ -148,7 +148,7 @@ class EngineReplica:
         kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
         finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
         client = self.cfg.redis.client(asynchronous=True, socket_timeout=5)
-        routing = RequestRouting(self.cfg, client, self.metrics) if self.cfg.routes() else None
+        routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
         # Any front may send to any decode replica's engine, so the fronts lease
         # the pool's permits from Redis (deployments/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))

@@ -58,11 +58,13 @@ class _State:
     snap: IndexSnapshot
     live: dict[str, dict[str, dict]]  # pool -> replica -> registry entry
     pins: dict[str, str | None]  # pool -> pinned replica
+    inflight: dict[str, dict[str, int]]  # pool -> replica -> every live front's requests there
 
 
 class RequestRouting:
-    def __init__(self, cfg: BatonConfig, redis_client, metrics: IngressMetrics):
+    def __init__(self, cfg: BatonConfig, redis_client, metrics: IngressMetrics, front: str = "front"):
         self.cfg = cfg
+        self.front = front  # this front's replica id: its fields in the shared in-flight counts
         self.bs = cfg.model.block_size
         self.redis = redis_client
         self.registry = redis_state.Registry(redis_client, cfg.routing.replica_timeout_s)
@@ -82,19 +84,26 @@ class RequestRouting:
         redis_state.queue_snapshot(pipe, hashes)
         for pool in POOLS:
             pipe.hgetall(redis_state.registry_key(pool))
+        for pool in POOLS:
+            pipe.hgetall(redis_state.inflight_key(pool))
         if session:
             for pool in POOLS:
                 pipe.get(redis_state.pin_key(pool, session))
         res = await pipe.execute()
-        n = 2 * len(hashes)
+        n, k = 2 * len(hashes), len(POOLS)
         live = {pool: self.registry.fresh(redis_state.Registry.entries(res[n + i]), now)
                 for i, pool in enumerate(POOLS)}
+        inflight = {}
+        for i, pool in enumerate(POOLS):  # every front is a decode replica
+            inflight[pool], dead = redis_state.inflight_totals(res[n + k + i], live["decode"])
+            if dead:
+                self._send(lambda p, pool=pool, dead=dead: p.hdel(redis_state.inflight_key(pool), *dead))
         pins = {pool: None for pool in POOLS}
         if session:
             for i, pool in enumerate(POOLS):
-                v = res[n + 2 + i]
+                v = res[n + 2 * k + i]
                 pins[pool] = v.decode() if isinstance(v, bytes) else v
-        return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins)
+        return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins, inflight)
 
     def _choose(self, pool: str, req: RoutingRequest, state: _State, now: float) -> RoutingDecision | None:
         live = state.live[pool]
@@ -105,20 +114,22 @@ class RequestRouting:
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
-                choice = min(names, key=lambda n: (self._load(pool, n, live[n]), (names.index(n) - turn) % len(names)))
+                choice = min(names, key=lambda n: (self._load(pool, n, live[n], state),
+                                                   (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
-        loads = {n: ReplicaLoad(running=self._load(pool, n, live[n]),
+        loads = {n: ReplicaLoad(running=self._load(pool, n, live[n], state),
                                 capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
                                 free_kv_blocks=int(live[n].get("kv_free_blocks", 0)),
                                 oldest_wait_s=self._wait(live[n], now)) for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now)
 
-    def _load(self, pool: str, replica: str, entry: dict) -> int:
-        """Requests on `replica`: what its engine reported at its last heartbeat (every
-        front's, waiting or running), or what this front has sent there, if more (the
-        report is up to `routing.heartbeat_s` old)."""
-        return max(self.inflight[pool][replica], int(entry.get("unfinished", 0)))
+    def _load(self, pool: str, replica: str, entry: dict, state: _State) -> int:
+        """Requests on `replica`, the most of: what its engine reported at its last heartbeat
+        (every front's, waiting or running, but up to `routing.heartbeat_s` old), what every
+        live front had in flight there at this decision's read, and what this front has."""
+        return max(self.inflight[pool][replica], int(entry.get("unfinished", 0)),
+                   state.inflight[pool].get(replica, 0))
 
     @staticmethod
     def _wait(entry: dict, now: float) -> float:
@@ -131,14 +142,25 @@ class RequestRouting:
         """Pins (or re-pins) the session, without waiting for Redis."""
         if not session or not chosen:
             return
+        ttl = int(self.cfg.routing.pin_ttl_s * 1000)
+        self._send(lambda pipe: [pipe.set(redis_state.pin_key(pool, session), replica, px=ttl)
+                                 for pool, replica in chosen.items()])
+
+    def _send(self, queue) -> None:
+        """Runs the writes `queue` adds to a pipeline, without waiting for Redis."""
         pipe = self.redis.pipeline(transaction=False)
-        for pool, replica in chosen.items():
-            pipe.set(redis_state.pin_key(pool, session), replica, px=int(self.cfg.routing.pin_ttl_s * 1000))
+        queue(pipe)
         task = asyncio.ensure_future(pipe.execute())
         self._pending.add(task)
-        task.add_done_callback(self._pin_written)
+        task.add_done_callback(self._written)
 
-    def _pin_written(self, task: asyncio.Future) -> None:
+    def _publish(self, counts: dict[str, str]) -> None:
+        """Writes this front's in-flight count on each (pool, replica) in `counts`."""
+        self._send(lambda pipe: [pipe.hset(redis_state.inflight_key(pool),
+                                           redis_state.inflight_field(replica, self.front), self.inflight[pool][replica])
+                                 for pool, replica in counts.items()])
+
+    def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self.metrics.pin_errors.inc()
@@ -182,16 +204,21 @@ class RequestRouting:
             self.metrics.repins.labels(pool).inc()
 
     def started(self, route: Route) -> None:
-        """Counts the request as in flight on its replicas."""
+        """Counts the request as in flight on its replicas, here and in Redis."""
+        counted = {}
         for pool, r in (("prefill", route.prefill_replica), ("decode", route.decode_replica)):
             if r:
                 self.inflight[pool][r] += 1
                 route.in_flight.add(pool)
+                counted[pool] = r
+        if counted:
+            self._publish(counted)
 
     def _release(self, route: Route, pool: str, replica: str | None) -> None:
         if pool in route.in_flight:
             route.in_flight.discard(pool)
             self.inflight[pool][replica] -= 1
+            self._publish({pool: replica})
 
     def prefill_done(self, route: Route) -> None:
         """Ends the prefill part; calling it again changes nothing."""

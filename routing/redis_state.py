@@ -6,6 +6,7 @@ Keys (prefix `baton:`):
 - `idx:c:{hash}`   set of child blocks seen after a block (its fan-out)
 - `pin:{pool}:{session}` replica id, with the pin TTL
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
+- `inflight:{pool}` hash `{replica} {front}` -> requests that front has in flight there
 
 `RedisIndex` is the KVIndex contract (routing/index_api.py) over these keys.
 The KV indexer is the only writer of `idx:*`; a front reads one request's
@@ -124,6 +125,31 @@ def pin_key(pool: str, session: str) -> str:
 
 def registry_key(pool: str) -> str:
     return f"{P}replicas:{pool}"
+
+
+def inflight_key(pool: str) -> str:
+    return f"{P}inflight:{pool}"
+
+
+def inflight_field(replica: str, front: str) -> str:
+    return f"{replica} {front}"
+
+
+def inflight_totals(raw: dict, fronts: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    """Requests in flight per replica, summed over the live `fronts`, from an HGETALL of
+    `inflight_key`, and the fields of fronts not live (a dead front cannot take its counts
+    back; a live one rewrites its field at its next change, as each field is an absolute count)."""
+    live = set(fronts)
+    totals: dict[str, int] = {}
+    dead: list[str] = []
+    for k, v in raw.items():
+        field = k.decode() if isinstance(k, bytes) else k
+        replica, _, front = field.partition(" ")
+        if front in live:
+            totals[replica] = totals.get(replica, 0) + max(0, int(v))
+        else:
+            dead.append(field)
+    return totals, dead
 
 
 class Registry:

@@ -147,3 +147,42 @@ def test_registry_drops_stale_heartbeats(clients):
     sync.hset("baton:replicas:decode", "stale", '{"capacity_blocks": 10, "ts": 1.0}')
     live = run(aio, lambda c: Registry(c, timeout_s=5).live("decode"))
     assert list(live) == ["fresh"] and live["fresh"]["capacity_blocks"] == 10
+
+
+def test_inflight_totals_sum_live_fronts_and_name_dead_ones():
+    raw = {b"d1 f1": b"2", b"d1 f2": b"1", b"p1 f1": b"-1", b"d2 gone": b"5"}
+    totals, dead = redis_state.inflight_totals(raw, ["f1", "f2"])
+    assert totals == {"d1": 3, "p1": 0} and dead == ["d2 gone"]
+
+
+def test_fronts_see_each_others_requests_in_flight(clients):
+    """A front places by what every live front has in flight, not only by its own count and
+    the engines' heartbeats (up to routing.heartbeat_s old)."""
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig.model_validate({"routing": {"policy": "least_loaded"}})
+    for name in ("d1", "d2"):  # each decode replica is a front too
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    sync.hset(redis_state.inflight_key("decode"), redis_state.inflight_field("d2", "gone"), 9)
+
+    async def scenario(client):
+        a, b = (RequestRouting(cfg, client, IngressMetrics(), front) for front in ("d1", "d2"))
+        routes = [await a.route(list(range(10)), "t", None) for _ in range(2)]
+        routes = [r for r in routes if r.decode_replica == "d1"]
+        for r in routes:
+            a.started(r)
+        await asyncio.gather(*a._pending)
+        seen = await b.route(list(range(10)), "t", None)  # b's first turn alone would pick d1
+        await asyncio.gather(*b._pending)
+        for r in routes:
+            a.finished(r)
+        await asyncio.gather(*a._pending)
+        return len(routes), seen, await client.hgetall(redis_state.inflight_key("decode"))
+
+    on_d1, seen, left = run(aio, scenario)
+    assert on_d1 >= 1
+    assert seen.decode_replica == "d2"
+    assert left == {b"d1 d1": b"0"}  # the dead front's field went at b's read; a's count is back to 0

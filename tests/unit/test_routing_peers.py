@@ -9,6 +9,7 @@ from routing.contracts import RoutingRequest
 from routing.snapshot import IndexSnapshot
 
 LIVE = {"decode": {"a": {}, "b": {}, "c": {}}, "prefill": {}}
+NOBODY = {"decode": {}, "prefill": {}}  # no front has anything in flight
 
 
 def _routing(policy: str) -> RequestRouting:
@@ -17,7 +18,7 @@ def _routing(policy: str) -> RequestRouting:
 
 
 def _pick(routing: RequestRouting, n: int) -> list[str]:
-    state = _State(IndexSnapshot([], [], []), LIVE, {"decode": None, "prefill": None})
+    state = _State(IndexSnapshot([], [], []), LIVE, {"decode": None, "prefill": None}, NOBODY)
     return [routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(n)]
 
 
@@ -37,11 +38,11 @@ def test_engine_reported_load_counts_what_other_fronts_sent():
     """Another front filled `a` (its engine reports 9 unfinished requests); this front sent
     nothing anywhere, yet least-loaded avoids `a`, and so does Baton's overload bound."""
     live = {"decode": {"a": {"unfinished": 9}, "b": {"unfinished": 0}, "c": {"unfinished": 1}}, "prefill": {}}
-    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None})
+    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, NOBODY)
     least = _routing("least_loaded")
     assert {least._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(3)} == {"b"}
     baton = _routing("baton")
-    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None})
+    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, NOBODY)
     d = baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0)
     assert d.replica != "a" and d.repinned
     live["decode"]["a"]["unfinished"] = 1  # a drains: the pin holds again
@@ -54,7 +55,7 @@ def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
     when b is the cold one, so every choice is b once b reports its KV free."""
     live = {"decode": {n: {"unfinished": 2 if n != "b" else 0, "kv_blocks": 100, "kv_free_blocks": 10}
                        for n in "abc"}, "prefill": {}}
-    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None})
+    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, NOBODY)
     routing = _routing("baton")
     live["decode"]["b"]["kv_free_blocks"] = 90
     picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(20)}
