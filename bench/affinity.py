@@ -33,6 +33,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 from bench.load import run
@@ -82,6 +83,8 @@ def turn_stats(results) -> dict:
         "cached_share_turn2plus": round(sum(r.cached_tokens or 0 for r in ok if r.turn > 0)
                                         / max(1, sum(r.input_tokens or 0 for r in ok if r.turn > 0)), 3),
         "input_tokens_max": max((r.input_tokens or 0 for r in ok), default=0),
+        # What failed, so that a run's errors can be told apart (a refusal, a timeout, a 5xx).
+        "error_kinds": dict(Counter(r.error[:80] for r in results if not r.ok)),
     }
 
 

@@ -1,0 +1,20 @@
+"""bench affinity's per-run statistics: TTFTs by turn, cached share, and what the errors were."""
+
+from __future__ import annotations
+
+from bench.affinity import turn_stats
+from bench.loadgen import RequestResult
+
+
+def test_turn_stats_split_turns_and_name_the_errors():
+    results = [RequestResult(0, "s", 0, ttft_s=2.0, input_tokens=100),
+               RequestResult(1, "s", 1, ttft_s=1.0, input_tokens=200, cached_tokens=150),
+               RequestResult(2, "t", 1, error="ClientResponseError: 429, message='Too Many Requests'"),
+               RequestResult(3, "t", 2, error="ClientResponseError: 429, message='Too Many Requests'"),
+               RequestResult(4, "u", 1, error="timeout after 600s")]
+    stats = turn_stats(results)
+    assert (stats["requests_ok"], stats["errors"]) == (2, 3)
+    assert stats["ttft_turn1_p50_s"] == 2.0 and stats["ttft_turn2plus_p50_s"] == 1.0
+    assert stats["cached_share_turn2plus"] == 0.75
+    assert stats["error_kinds"] == {"ClientResponseError: 429, message='Too Many Requests'": 2,
+                                    "timeout after 600s": 1}
