@@ -90,7 +90,7 @@ class LocalStack:
             # ray.init installs its own SIGTERM handler; the caller's must stay,
             # or a SIGTERM during the engines' warm-up leaves Redis and Mooncake behind.
             handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-            ray.init(num_cpus=self.cfg.ray.num_cpus or os.cpu_count(), resources=resources or None,
+            ray.init(num_cpus=self._cores(), resources=resources or None,
                      include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING")
             for sig, handler in handlers.items():
                 if handler is not None:
@@ -117,7 +117,11 @@ class LocalStack:
             return {}
         c = self.cfg
         engines = engine_threads.local_engines(c.colocated, c.prefill.replicas, c.decode.replicas)
-        return engine_threads.thread_env(engines, c.ray.num_cpus or len(os.sched_getaffinity(0)))
+        return engine_threads.thread_env(engines, self._cores())
+
+    def _cores(self) -> int:
+        """CPUs of the local Ray head, which its engines share."""
+        return self.cfg.ray.num_cpus or os.cpu_count()
 
     def _spawn(self, proc: ManagedProcess) -> None:
         proc.start()

@@ -58,7 +58,7 @@ class IngressMetrics:
         self.hit_ratio = Gauge("baton_prefix_hit_ratio", "block-weighted prefix hit ratio", registry=r)
         self.retries = Counter("baton_retries_total", "requests run on the front's own engine after the "
                                "decode replica it chose failed before their first token", registry=r)
-        self.pin_errors = Counter("baton_pin_write_errors_total", "routing writes (session pins, in-flight counts) "
+        self.write_errors = Counter("baton_pin_write_errors_total", "routing writes (session pins, in-flight counts) "
                                   "Redis did not take", registry=r)
         self.kv_bytes = Counter("baton_kv_bytes_moved_total", "KV bytes loaded by decode from the store",
                                 registry=r)

@@ -163,7 +163,7 @@ class RequestRouting:
     def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self.metrics.pin_errors.inc()
+            self.metrics.write_errors.inc()
 
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:
         """Decides replicas for one request; refreshes or moves its session pins."""
