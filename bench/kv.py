@@ -108,6 +108,28 @@ def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1
     return total // chunk // streams * chunk * streams / dt
 
 
+def plain_read(paths: list[str], streams: int = READERS, chunk: int = 4 << 20) -> float:
+    """Bytes/s of a plain sequential read of `paths` (each whole, `streams` files at once,
+    `chunk` bytes per read) after writing them back and dropping them from the page cache:
+    the disk's rate for the very files the disk tier just read, moments later."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for path in paths:
+        drop_page_cache(path)
+
+    def read(path: str) -> int:
+        buf, n = bytearray(chunk), 0
+        with open(path, "rb", buffering=0) as f:
+            while got := f.readinto(buf):
+                n += got
+        return n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        total = sum(pool.map(read, paths))
+    return total / (time.perf_counter() - t0)
+
+
 def paged_in() -> int:
     """Bytes this machine has read from block devices so far (/proc/vmstat pgpgin, in KiB)."""
     with open("/proc/vmstat") as f:
@@ -125,7 +147,8 @@ def _rate(before: dict, after: dict, nbytes: str, seconds: str) -> float:
 
 async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
     client = rig.store_client()
-    names = ("recompute", "memory", "disk", "cached", "pool_Bps", "disk_tier_Bps", "device_share", "shm_share")
+    names = ("recompute", "memory", "disk", "cached", "pool_Bps", "disk_tier_Bps", "device_share", "shm_share",
+             "plain_Bps")
     rows: dict[int, dict[str, list]] = {n: {k: [] for k in names} for n in lengths}
     from tqdm import tqdm
 
@@ -169,6 +192,7 @@ async def _measure(rig: KVRig, lengths: list[int], reps: int) -> dict:
             rows[n]["disk_tier_Bps"].append(_rate(s0, s1, "loaded_from_disk_bytes", "disk_load_s"))
             loaded = s1.get("loaded_from_disk_bytes", 0) - s0.get("loaded_from_disk_bytes", 0)
             rows[n]["device_share"].append((dev1 - dev0) / loaded if loaded else 0.0)
+            rows[n]["plain_Bps"].append(plain_read(list(files)))
             bar.update(1)
     bar.close()
     return rows
@@ -206,6 +230,10 @@ def _summary(rows: dict, kv_bytes_per_token: int) -> list[dict]:
             # what the block devices delivered while the disk tier loaded, per byte loaded
             # (about 1: the bytes came from the disk, not the page cache)
             "device_read_per_loaded_byte": round(med["device_share"], 2),
+            # the same files read plainly right after, and the tier's rate against it (paired per rep)
+            "plain_read_MBps": round(med["plain_Bps"] / 1e6),
+            "disk_tier_vs_plain_read": round(statistics.median(
+                t / b for t, b in zip(r["disk_tier_Bps"], r["plain_Bps"]) if b), 3),
         })
     return out
 
@@ -275,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['ttft_memory_ms']:>6}ms {s['ttft_disk_ms']:>6}ms {s['memory_vs_recompute']:>7} "
               f"{s['disk_vs_recompute']:>8} {s['pool_read_MBps']:>10} {s['pool_bytes_via_shm']:>8} "
               f"{s['disk_tier_read_MBps']:>10} "
-              f"{s['device_read_per_loaded_byte']:>9}")
+              f"{s['device_read_per_loaded_byte']:>9} {s['plain_read_MBps']:>11} "
+              f"{s['disk_tier_vs_plain_read']:>11}")
     print(f"raw loopback TCP {result['loopback_tcp_MBps']} MB/s, disk sequential read "
           f"{result['disk_seq_read_MBps']} MB/s (one stream), {round(seq_par / 1e6)} MB/s ({READERS} streams)")
     print(f"store traffic {traffic['store_bytes_per_saved_byte']} B per B of KV saved "
