@@ -88,6 +88,32 @@ def turn_stats(results) -> dict:
     }
 
 
+def routing_counts(metrics_text: str) -> dict:
+    """The fronts' routing decisions by pool and reason, and session pins moved, from a
+    /metrics page (`baton_route_decisions_total`, `baton_repins_total`); changes nothing."""
+    out: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in ("baton_route_decisions_total", "baton_repins_total") or "}" not in rest:
+            continue
+        labels_raw, _, value = rest.partition("}")
+        labels = dict(kv.split("=", 1) for kv in labels_raw.split(",") if "=" in kv)
+        key = "/".join(labels[k].strip('"') for k in ("pool", "reason") if k in labels)
+        key = key if name == "baton_route_decisions_total" else f"{key}/repins"
+        out[key] = out.get(key, 0) + float(value.split()[0])
+    return {k: int(v) for k, v in sorted(out.items())}
+
+
+def _fetch_routing_counts(url: str) -> dict:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:  # noqa: S310 - loopback
+            return routing_counts(resp.read().decode())
+    except OSError as exc:
+        return {"unavailable": str(exc)[:80]}
+
+
 def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: str) -> Path:
     pools = {"replicas": 2, "kv_cache_gb": args.kv_gb}
     mooncake = dict(POOLS[pool])
@@ -111,9 +137,10 @@ def _measure(config: Path, args, seed: int, label: str) -> dict:
         specs = sessions(args.sessions, args.turns, args.first_words, args.turn_words,
                          args.output_tokens, seed=seed)
         results, _ = run(stack.url, specs, concurrency=args.concurrency, label=label, timeout_s=600)
+        routing = _fetch_routing_counts(stack.url)  # why requests went where they went
     finally:
         stack.stop()
-    stats = turn_stats(results)
+    stats = {**turn_stats(results), "routing": routing}
     print(json.dumps({"run": label, **stats}), file=sys.stderr, flush=True)
     return stats
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.affinity import turn_stats
+from bench.affinity import routing_counts, turn_stats
 from bench.loadgen import RequestResult
 
 
@@ -18,3 +18,17 @@ def test_turn_stats_split_turns_and_name_the_errors():
     assert stats["cached_share_turn2plus"] == 0.75
     assert stats["error_kinds"] == {"ClientResponseError: 429, message='Too Many Requests'": 2,
                                     "timeout after 600s": 1}
+
+
+def test_routing_counts_read_decisions_and_repins_from_a_metrics_page():
+    page = "\n".join([
+        "# HELP baton_route_decisions_total routing decisions",
+        'baton_route_decisions_total{pool="prefill",reason="pinned"} 12.0',
+        'baton_route_decisions_total{pool="prefill",reason="load"} 3.0',
+        'baton_route_decisions_total{pool="decode",reason="prefix"} 1.0',
+        'baton_repins_total{pool="prefill"} 2.0',
+        'baton_route_decisions_created{pool="prefill",reason="load"} 1.7e9',
+        "baton_prefix_hit_ratio 0.5",
+    ])
+    assert routing_counts(page) == {"decode/prefix": 1, "prefill/load": 3, "prefill/pinned": 12,
+                                    "prefill/repins": 2}
