@@ -8,6 +8,7 @@ goes to a log file per child under the state directory.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,17 +27,59 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+# Below the kernel's ephemeral range (where connect() takes its local ports) and above
+# Ray's worker ports (10002-19999 by default).
+_PORT_FLOOR = 20000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default if unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports free on loopback right now (the OS picks them)."""
-    socks, ports = [], []
-    for _ in range(n):
+    """n distinct TCP ports free on loopback right now, for servers that bind them later.
+
+    They are drawn below the ephemeral range: a port the OS hands out for
+    port 0 is an ephemeral one, and any outgoing connection (Ray's, Redis
+    clients') may take it as its local port before the server binds it,
+    which then fails with EADDRINUSE. Falls back to the OS's pick when the
+    range below is too small or full.
+    """
+    rnd = random.SystemRandom()
+    high = ephemeral_range()[0] - 1
+    ports: list[int] = []
+    for _ in range(200 * n if high - _PORT_FLOOR >= 1000 else 0):
+        if len(ports) == n:
+            break
+        port = rnd.randint(_PORT_FLOOR, high)
+        if port not in ports and _bindable(port):
+            ports.append(port)
+    socks = []
+    while len(ports) < n:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         socks.append(s)
-        ports.append(s.getsockname()[1])
+        if s.getsockname()[1] not in ports:
+            ports.append(s.getsockname()[1])
     for s in socks:
         s.close()
     return ports
+
+
+def _bindable(port: int) -> bool:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def pid_alive(pid: int) -> bool:
