@@ -81,31 +81,17 @@ def drop_page_cache(path: str) -> None:
 
 def disk_sequential_read(directory: Path, total: int = 512 << 20, chunk: int = 1 << 20, streams: int = 1) -> float:
     """Bytes/s reading freshly written, fsynced files after dropping them from the page cache,
-    `streams` files at once (one reader thread each), `total` bytes in all."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    `streams` files at once (one reader thread each), `total` bytes in all (`plain_read`)."""
     paths = [directory / f"seqread-{i}.bin" for i in range(streams)]
     block = os.urandom(chunk)
     for path in paths:
         with open(path, "wb") as f:
             for _ in range(total // chunk // streams):
                 f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-        drop_page_cache(str(path))
-
-    def read(path: Path) -> None:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(chunk):
-                pass
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(streams) as pool:
-        list(pool.map(read, paths))
-    dt = time.perf_counter() - t0
+    rate = plain_read([str(p) for p in paths], streams, chunk)
     for path in paths:
         path.unlink()
-    return total // chunk // streams * chunk * streams / dt
+    return rate
 
 
 def plain_read(paths: list[str], streams: int = READERS, chunk: int = 4 << 20) -> float:

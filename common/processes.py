@@ -41,22 +41,22 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_ports(n: int) -> list[int]:
+def free_ports(n: int, low: int = _PORT_FLOOR, high: int | None = None) -> list[int]:
     """n distinct TCP ports free on loopback right now, for servers that bind them later.
 
     They are drawn below the ephemeral range: a port the OS hands out for
     port 0 is an ephemeral one, and any outgoing connection (Ray's, Redis
     clients') may take it as its local port before the server binds it,
     which then fails with EADDRINUSE. Falls back to the OS's pick when the
-    range below is too small or full.
+    range below is too small or full. `low`..`high` (inclusive) narrows the draw.
     """
     rnd = random.SystemRandom()
-    high = ephemeral_range()[0] - 1
+    high = ephemeral_range()[0] - 1 if high is None else high
     ports: list[int] = []
-    for _ in range(200 * n if high - _PORT_FLOOR >= 1000 else 0):
+    for _ in range(200 * n if high >= low else 0):
         if len(ports) == n:
             break
-        port = rnd.randint(_PORT_FLOOR, high)
+        port = rnd.randint(low, high)
         if port not in ports and _bindable(port):
             ports.append(port)
     socks = []
