@@ -114,7 +114,15 @@ class ManagedProcess:
         return self.proc.pid if self.proc else None
 
     def start(self) -> None:
-        """Spawns the child in a new session with stdout/stderr to its log."""
+        """Spawns the child in a process group of its own, with stdout/stderr to its log.
+
+        Not in a session of its own: with the kernel's autogroup scheduling
+        (on by default), each session is one scheduling group, and a small
+        group (Redis, the Mooncake master or store) that wakes up while the
+        launcher's group runs the engines waited 4 to 20 s for a CPU on a
+        2-core VM (docs/benchmarks.md). In the launcher's session it competes
+        per thread and runs within a time slice. A group of its own still
+        keeps a terminal's Ctrl-C (sent to the foreground group) away from it."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env}
@@ -125,7 +133,7 @@ class ManagedProcess:
             stdin=subprocess.DEVNULL,
             env=env,
             cwd=self.cwd,
-            start_new_session=True,
+            process_group=0,
         )
         log.close()
 
