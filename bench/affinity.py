@@ -88,6 +88,31 @@ def turn_stats(results) -> dict:
     }
 
 
+def session_routes(results) -> dict:
+    """Where turns 2+ went, from each answer's `baton` object: by route reason, how many stayed on
+    the replicas of the session's previous turn, ran decode-only, and got the cached tokens the
+    router predicted; changes nothing."""
+    prev: dict[str, dict] = {}
+    out: Counter = Counter()
+    for r in sorted((r for r in results if r.ok and r.baton), key=lambda r: (r.session_id or "", r.turn)):
+        info, last = r.baton, prev.get(r.session_id or "")
+        prev[r.session_id or ""] = info
+        if r.turn == 0:
+            continue
+        out["turns"] += 1
+        out[f"reason/{info.get('route')}"] += 1
+        out["decode_only"] += bool(info.get("decode_only"))
+        if last is not None:
+            for pool in ("prefill", "decode"):
+                mine = info.get(f"{pool}_replica")
+                if mine is not None and last.get(f"{pool}_replica") is not None:
+                    out[f"{pool}/same_as_last_turn" if mine == last.get(f"{pool}_replica")
+                        else f"{pool}/moved"] += 1
+        if info.get("predicted_cached_tokens") is not None:
+            out["predicted_exact"] += info["predicted_cached_tokens"] == r.cached_tokens
+    return dict(sorted(out.items()))
+
+
 def routing_counts(metrics_text: str) -> dict:
     """The fronts' routing decisions by pool and reason, and session pins moved, from a
     /metrics page (`baton_route_decisions_total`, `baton_repins_total`); changes nothing."""
@@ -115,8 +140,8 @@ def _fetch_routing_counts(url: str) -> dict:
 
 
 def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: str) -> Path:
-    pools = {"replicas": 2, "kv_cache_gb": args.kv_gb}
-    mooncake = dict(POOLS[pool])
+    pools = {"replicas": 2, "kv_cache_gb": args.kv_gb, "env": dict(kv.split("=", 1) for kv in args.engine_env)}
+    mooncake = dict(POOLS[pool], shm_reads=not args.no_shm)
     if layout == "colocated":
         mooncake["colocated_pool"] = pool == "on"
         shape = {"colocated": True}
@@ -140,7 +165,7 @@ def _measure(config: Path, args, seed: int, label: str) -> dict:
         routing = _fetch_routing_counts(stack.url)  # why requests went where they went
     finally:
         stack.stop()
-    stats = {**turn_stats(results), "routing": routing}
+    stats = {**turn_stats(results), "routing": routing, "turn2plus_routes": session_routes(results)}
     print(json.dumps({"run": label, **stats}), file=sys.stderr, flush=True)
     return stats
 
@@ -161,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", default="colocated,pd", help="layouts to run: colocated, pd or both")
     parser.add_argument("--pools", default="off,on", help="pool settings to run: off, on or both")
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--no-shm", action="store_true",
+                        help="mooncake.shm_reads off: engines move KV over the transfer engine's TCP only")
+    parser.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="environment of every engine process (repeatable)")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
     args = parser.parse_args(argv)
     from bench.kv import MODELS

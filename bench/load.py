@@ -79,6 +79,7 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, headers: dict
             if err := chunk.get("error"):
                 raise RuntimeError(f"stream error: {err.get('message', err) if isinstance(err, dict) else err}")
             usage = chunk.get("usage") or usage
+            result.baton = chunk.get("baton") or result.baton
             if chunk.get("choices") and any_choice is None:
                 any_choice = time.perf_counter()
             for choice in chunk.get("choices") or []:

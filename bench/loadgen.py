@@ -75,6 +75,7 @@ class RequestResult:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    baton: dict | None = None  # the answer's `baton` object (route, replicas), when the server is Baton
 
     @property
     def ok(self) -> bool:

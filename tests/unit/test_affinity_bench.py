@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.affinity import routing_counts, turn_stats
+from bench.affinity import routing_counts, session_routes, turn_stats
 from bench.loadgen import RequestResult
 
 
@@ -32,3 +32,21 @@ def test_routing_counts_read_decisions_and_repins_from_a_metrics_page():
     ])
     assert routing_counts(page) == {"decode/prefix": 1, "prefill/load": 3, "prefill/pinned": 12,
                                     "prefill/repins": 2}
+
+
+def test_session_routes_follow_each_session_from_turn_to_turn():
+    def res(i, session, turn, prefill, route, predicted, cached, decode="d0"):
+        return RequestResult(i, session, turn, cached_tokens=cached,
+                             baton={"route": route, "prefill_replica": prefill, "decode_replica": decode,
+                                    "predicted_cached_tokens": predicted, "decode_only": prefill is None})
+    # Out of order on purpose: sessions are followed by turn, not by arrival.
+    results = [res(2, "s", 2, "p1", "load", 0, 0),
+               res(0, "s", 0, "p0", "load", 0, 0),
+               res(1, "s", 1, "p0", "pinned", 512, 512),
+               res(3, "t", 0, "p1", "load", 0, 0),
+               res(4, "t", 1, None, "prefix", 640, 600, decode="d1"),
+               RequestResult(5, "t", 2, error="timeout after 600s")]
+    assert session_routes(results) == {
+        "turns": 3, "reason/pinned": 1, "reason/load": 1, "reason/prefix": 1, "decode_only": 1,
+        "prefill/same_as_last_turn": 1, "prefill/moved": 1,
+        "decode/same_as_last_turn": 2, "decode/moved": 1, "predicted_exact": 2}
