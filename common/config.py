@@ -129,6 +129,14 @@ class MooncakeConfig(_Strict):
     kv_lease_ttl_ms: int = Field(
         10000, gt=0, description="how long a read keeps an object from eviction in the memory pool"
     )
+    client_ttl_s: int = Field(
+        30, gt=0, description="how long the master keeps a silent client's segments mounted; the store's "
+        "whole pool is unmounted (and every object in it lost) when its heartbeat is this late "
+        "(Mooncake's default, 10 s, was reached by a starved store on a loaded 2-core VM)"
+    )
+    master_rpc_threads: int = Field(
+        8, gt=0, description="master RPC threads (Mooncake's default is one per core: two on a 2-core node)"
+    )
     spill: bool = Field(True, description="Baton's NVMe spill tier behind the memory pool")
     spill_dir: str | None = Field(
         None, description="spill tier directory (put it on NVMe); null: <state_dir>/kv-spill"

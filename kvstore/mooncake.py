@@ -43,6 +43,8 @@ def master_process(cfg: MooncakeConfig, log_dir: Path) -> ManagedProcess:
         f"--metrics_port={cfg.master_metrics_port}",
         f"--enable_offload={'true' if cfg.enable_offload else 'false'}",
         f"--default_kv_lease_ttl={cfg.kv_lease_ttl_ms}",
+        f"--client_ttl={cfg.client_ttl_s}",
+        f"--rpc_thread_num={cfg.master_rpc_threads}",
         "--logtostderr",
     ]
     return ManagedProcess(

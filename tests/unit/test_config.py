@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, load_config
+from common.config import BatonConfig, ConfigError, load_config
 
 
 def write(tmp_path, text: str):
@@ -79,3 +79,11 @@ def test_colocated_routes_when_there_is_a_choice(tmp_path, text, routes, kv_role
     assert cfg.routes() is routes
     role = "colocated" if cfg.colocated else "decode"
     assert engine_kwargs(cfg, role).get("kv_transfer_config", {}).get("kv_role") == kv_role
+
+
+def test_master_gets_the_client_ttl_and_rpc_threads(tmp_path):
+    from kvstore import mooncake
+
+    cfg = BatonConfig.model_validate({"mooncake": {"client_ttl_s": 45, "master_rpc_threads": 4}}).mooncake
+    argv = mooncake.master_process(cfg, tmp_path).argv
+    assert "--client_ttl=45" in argv and "--rpc_thread_num=4" in argv
