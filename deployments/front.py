@@ -260,8 +260,9 @@ class Front:
             t0 = time.perf_counter()
             route = await self.routing.route(ids, tenant, session)
             self.metrics.route_s.observe(time.perf_counter() - t0)
-        except redis.RedisError:
+        except redis.RedisError:  # Redis slow or away: decode computes the prompt, counted
             route = Route(None, None, True, "fallback", 0)
+            self.metrics.decisions.labels("decode", "fallback").inc()
         info.route, info.decode_only = route.reason, route.decode_only
         info.predicted_cached_tokens = route.predicted_cached_tokens
         self.routing.started(route)

@@ -173,6 +173,7 @@ class RequestRouting:
         req = RoutingRequest(hashes, session)
         decode = self._choose("decode", req, state, now)
         if decode is None:
+            self.metrics.decisions.labels("decode", "no_replicas").inc()
             return Route(None, None, False, "no_replicas", 0, prompt_blocks=len(hashes))
         chosen = {"decode": decode.replica}
         store_held = state.snap.match(hashes).get(STORE_REPLICA, 0)

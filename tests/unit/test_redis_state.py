@@ -186,3 +186,15 @@ def test_fronts_see_each_others_requests_in_flight(clients):
     assert on_d1 >= 1
     assert seen.decode_replica == "d2"
     assert left == {b"d1 d1": b"0"}  # the dead front's field went at b's read; a's count is back to 0
+
+
+def test_a_request_with_no_live_decode_replica_is_counted(clients):
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    metrics = IngressMetrics()
+    route = run(aio, lambda c: RequestRouting(BatonConfig(), c, metrics).route(list(range(50)), "t", None))
+    assert route.reason == "no_replicas"
+    assert 'baton_route_decisions_total{pool="decode",reason="no_replicas"} 1.0' in metrics.render().decode()
