@@ -91,13 +91,14 @@ def turn_stats(results) -> dict:
 def session_routes(results) -> dict:
     """Where turns 2+ went, from each answer's `baton` object: by route reason, how many stayed on
     the replicas of the session's previous turn, ran decode-only, and got the cached tokens the
-    router predicted; changes nothing."""
+    router predicted; and on which decode replica each session's first turn ran. Changes nothing."""
     prev: dict[str, dict] = {}
     out: Counter = Counter()
     for r in sorted((r for r in results if r.ok and r.baton), key=lambda r: (r.session_id or "", r.turn)):
         info, last = r.baton, prev.get(r.session_id or "")
         prev[r.session_id or ""] = info
-        if r.turn == 0:
+        if r.turn == 0:  # where new sessions were placed: the balance every later turn starts from
+            out[f"first_turns_on/{info.get('decode_replica')}"] += 1
             continue
         out["turns"] += 1
         out[f"reason/{info.get('route')}"] += 1

@@ -49,4 +49,4 @@ def test_session_routes_follow_each_session_from_turn_to_turn():
     assert session_routes(results) == {
         "turns": 3, "reason/pinned": 1, "reason/load": 1, "reason/prefix": 1, "decode_only": 1,
         "prefill/same_as_last_turn": 1, "prefill/moved": 1,
-        "decode/same_as_last_turn": 2, "decode/moved": 1, "predicted_exact": 2}
+        "decode/same_as_last_turn": 2, "decode/moved": 1, "predicted_exact": 2, "first_turns_on/d0": 2}
