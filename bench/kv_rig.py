@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors import engine_args
+from cluster import loopback
 from common.config import BatonConfig
 from common.processes import free_ports
 from kvstore import mooncake
@@ -88,6 +89,8 @@ class KVRig:
         self.workdir = Path(workdir)
         self.procs = [mooncake.master_process(cfg.mooncake, self.workdir / "logs"),
                       mooncake.store_process(cfg.mooncake, self.workdir / "logs")]
+        for p in self.procs:  # their wildcard binds land on loopback (cluster/loopback)
+            p.env.update(loopback.env())
         self.prefill_engine = self.decode_engine = None
         self._client = None
 
@@ -101,6 +104,8 @@ class KVRig:
     async def start(self, progress=print) -> None:
         """Starts master, store and both engines (about a minute on 2 cores)."""
         os.environ["MOONCAKE_CONFIG_PATH"] = str(self.start_store())
+        # The engines' processes start from this environment: their transfer engines bind loopback.
+        os.environ.update(loopback.env())
         engines = []
         for role in ("prefill", "decode"):
             t0 = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from cluster import loopback
 from common.config import MooncakeConfig
 from common.processes import free_ports
 from kvstore import health, mooncake
@@ -24,6 +25,8 @@ def test_store_health_follows_the_processes(tmp_path):
                          store_port=p[3], store_http_port=p[4], global_segment_size="16MB")
     master = mooncake.master_process(cfg, tmp_path)
     store = mooncake.store_process(cfg, tmp_path)
+    for proc in (master, store):
+        proc.env.update(loopback.env())  # wildcard binds on loopback
     assert health.check(cfg).state == "down"
     try:
         master.start()

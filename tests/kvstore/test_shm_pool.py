@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cluster import loopback
 from common.config import MooncakeConfig
 from common.processes import free_ports
 from kvstore import mooncake
@@ -22,6 +23,8 @@ def pool(tmp_path_factory):
                          store_http_port=p[4], global_segment_size="256MB")
     log_dir = tmp_path_factory.mktemp("mooncake")
     procs = [mooncake.master_process(cfg, log_dir), mooncake.store_process(cfg, log_dir)]
+    for proc in procs:
+        proc.env.update(loopback.env())  # wildcard binds on loopback
     try:
         for proc in procs:
             proc.start()
