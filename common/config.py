@@ -130,9 +130,9 @@ class MooncakeConfig(_Strict):
         10000, gt=0, description="how long a read keeps an object from eviction in the memory pool"
     )
     client_ttl_s: int = Field(
-        30, gt=0, description="how long the master keeps a silent client's segments mounted; the store's "
-        "whole pool is unmounted (and every object in it lost) when its heartbeat is this late "
-        "(Mooncake's default, 10 s, was reached by a starved store on a loaded 2-core VM)"
+        10, gt=0, description="how long the master keeps a silent client's segments mounted (Mooncake's "
+        "default): a store whose heartbeat is this late loses its whole pool, and a dead store's objects "
+        "stay listed this long (the index drops them only after)"
     )
     master_rpc_threads: int = Field(
         8, gt=0, description="master RPC threads (Mooncake's default is one per core: two on a 2-core node)"
