@@ -117,16 +117,15 @@ def session_routes(results) -> dict:
 def routing_counts(metrics_text: str) -> dict:
     """The fronts' routing decisions by pool and reason, and session pins moved, from a
     /metrics page (`baton_route_decisions_total`, `baton_repins_total`); changes nothing."""
-    out: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        name, _, rest = line.partition("{")
-        if name not in ("baton_route_decisions_total", "baton_repins_total") or "}" not in rest:
-            continue
-        labels_raw, _, value = rest.partition("}")
-        labels = dict(kv.split("=", 1) for kv in labels_raw.split(",") if "=" in kv)
-        key = "/".join(labels[k].strip('"') for k in ("pool", "reason") if k in labels)
-        key = key if name == "baton_route_decisions_total" else f"{key}/repins"
-        out[key] = out.get(key, 0) + float(value.split()[0])
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Counter = Counter()
+    for fam in text_string_to_metric_families(metrics_text):
+        for s in fam.samples:
+            if s.name not in ("baton_route_decisions_total", "baton_repins_total"):
+                continue
+            key = "/".join(s.labels[k] for k in ("pool", "reason") if k in s.labels)
+            out[key if s.name == "baton_route_decisions_total" else f"{key}/repins"] += s.value
     return {k: int(v) for k, v in sorted(out.items())}
 
 
