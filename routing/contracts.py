@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-Reason = Literal["pinned", "prefix", "load"]
+Reason = Literal["pinned", "rebalanced", "prefix", "load"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,10 @@ class ReplicaLoad:
     seen finish (the simulator computes it exactly). When no replica reports
     it, load is ``running + queued``. ``oldest_wait_s`` is how long the
     oldest request the engine has not yet scheduled has waited (0 when none
-    waits): the queue-wait half of the overload bound.
+    waits): the queue-wait half of the overload bound. ``sessions`` is how
+    many live sessions are pinned to the replica (0 where nobody counts them):
+    what places a new session, since each one's context will compete for the
+    replica's KV cache turn after turn.
     """
 
     running: int = 0
@@ -45,13 +48,15 @@ class ReplicaLoad:
     alive: bool = True
     pending_blocks: float = 0.0
     oldest_wait_s: float = 0.0
+    sessions: int = 0
 
 
 @dataclass(frozen=True)
 class RoutingDecision:
     """The chosen replica and why.
 
-    ``reason``: "pinned" (session pin honoured), "prefix" (chosen for its
+    ``reason``: "pinned" (session pin honoured), "rebalanced" (the pin yielded
+    to load: a shared tier holds the prefix), "prefix" (chosen for its
     cached prefix), or "load" (no useful cache; chosen for low load).
     ``cached_blocks`` is the leading run of the request's blocks the chosen
     replica holds per the index. ``repinned`` is True when a live session pin

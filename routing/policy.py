@@ -28,6 +28,13 @@
 #      what sent upstream routers into hot spots and death spirals.
 #   2. Session pin: if the session is pinned to a live, non-overloaded
 #      replica, go there ("pinned"). Otherwise continue and re-pin at the end.
+#      With a shared tier (``shared_tier``: the index's name for a store that
+#      every candidate loads prefixes from, the Mooncake pool), a pin yields
+#      to load when the tier holds some of the prompt, and at least what the
+#      pinned replica holds, and the pinned replica has POOL_YIELD more in flight than
+#      the least loaded candidate: moving then costs one load from the pool,
+#      where staying queues behind the replica's other sessions. The session
+#      goes to the least loaded candidate ("rebalanced") and is re-pinned.
 #   3. Prefix match in the index: held(r) = leading blocks r holds. Then the
 #      *shared head* of the prompt: popular = the longer of
 #        - the leading run held by at least POPULAR_FRACTION (and at least
@@ -49,6 +56,16 @@
 #      a third choice, so it is filled with new conversations instead of
 #      staying empty. New conversations are what balances the pool: they
 #      carry no cache, so placing them costs nothing.
+#      A new session whose caller passes a ``placement`` ticket goes instead
+#      to the candidate with the fewest live sessions pinned
+#      (ReplicaLoad.sessions), ties taken in turn by ticket. Load in flight
+#      is the wrong signal here: a session's context stays in its replica's
+#      cache for every later turn, while in a closed loop its next turn
+#      arrives just as its last one freed a slot, so in-flight counts look
+#      even while one replica collects more contexts than its cache holds.
+#      The ticket comes from a counter every front shares, so fronts that
+#      place a burst of sessions at once (all reading the same counts)
+#      still take turns instead of piling onto one replica.
 #   6. Pin the session (if any) to the choice; a moved pin is a re-pin.
 #
 # Thresholds (PolicyConfig), chosen from the trace sweep in
@@ -75,6 +92,11 @@
 #     On the trace only ~20 blocks reach it; conversation blocks have 1-2
 #     children (a turn that branched). 2, 4, 8 and 16 are within 1 point.
 #   COLD_FREE_FRACTION = 0.5: a replica with more than half its KV free is cold.
+#   POOL_YIELD = 1 request (POOL_YIELD_BLOCKS = 50 when loads are blocks): with
+#     a pool, one more request in flight on the pinned replica than on
+#     another is enough to move: the bench affinity runs (docs/benchmarks.md)
+#     show the pool's loads cost about what a local hit does on these
+#     engines, while queueing behind one more prompt costs a whole prefill.
 #   Session pins use the pins' TTL (SessionPins.ttl_s, default 600 s).
 
 from __future__ import annotations
@@ -100,6 +122,9 @@ class PolicyConfig:
     cold_free_fraction: float = 0.5
     popular_fraction: float = 0.5
     shared_fanout: int = 8
+    shared_tier: str | None = None  # the index's holder name for a pool every candidate loads from
+    pool_yield_requests: float = 1.0
+    pool_yield_blocks: float = 50.0
 
     def __post_init__(self) -> None:
         if self.alpha < 0:
@@ -108,6 +133,8 @@ class PolicyConfig:
             raise ValueError("overload_ratio must be >= 1")
         if self.overload_slack_blocks < 0 or self.overload_slack_requests < 0 or self.overload_wait_s < 0:
             raise ValueError("overload slacks must be >= 0")
+        if self.pool_yield_requests <= 0 or self.pool_yield_blocks <= 0:
+            raise ValueError("pool yields must be > 0")
         if self.shared_fanout < 2:
             raise ValueError("shared_fanout must be >= 2")
         if not 0.0 < self.popular_fraction <= 1.0:
@@ -130,9 +157,12 @@ class BatonPolicy:
         index: PrefixIndex,
         pins: SessionPins,
         now: float,
+        placement: int | None = None,
     ) -> RoutingDecision:
         """Choose a replica among ``loads`` for ``request``.
 
+        ``placement``: a ticket for placing a session that has no live pin by
+        its candidates' ``sessions`` (step 5); None keeps the load draw.
         Changes: ``pins`` (the request's session is pinned or re-pinned to the
         choice, TTL refreshed) and the RNG state. Reads ``index``.
         Raises ValueError when no candidate is alive.
@@ -151,7 +181,10 @@ class BatonPolicy:
         if request.session is not None:
             pinned = pins.get(request.session, now)
             if pinned in under:
-                return RoutingDecision(pinned, "pinned", held[pinned])
+                lighter = self._pool_yield(pinned, held[pinned], match, load, loads, ok)
+                if lighter is None:
+                    return RoutingDecision(pinned, "pinned", held[pinned])
+                return RoutingDecision(lighter, "rebalanced", held[lighter], pins.pin(request.session, lighter, now))
 
         popular = max(
             self._popular_len([held[n] for n in ok]),
@@ -168,7 +201,7 @@ class BatonPolicy:
             choice = min(ok, key=cost)
             reason = "prefix" if held[choice] > popular else "load"
         else:
-            choice = self._cold_choice(ok, load, loads)
+            choice = self._cold_choice(ok, load, loads, placement if request.session is not None else None)
             reason = "load"
 
         repinned = False
@@ -197,15 +230,34 @@ class BatonPolicy:
                 out.add(n)
         return out
 
+    def _pool_yield(self, pinned: str, pinned_held: int, match: dict[str, int], load: dict[str, float],
+                    loads: dict[str, ReplicaLoad], ok: list[str]) -> str | None:
+        """The candidate a pin yields to (step 2), or None when it holds: no shared tier, the
+        tier holds nothing of the prompt or lacks part of what the pinned replica holds, or no
+        candidate is lighter by the yield."""
+        cfg = self.config
+        if cfg.shared_tier is None or match.get(cfg.shared_tier, 0) < max(1, pinned_held):
+            return None  # (a tier that holds none of it may just not be indexed yet)
+        blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
+        margin = cfg.pool_yield_blocks if blocks else cfg.pool_yield_requests
+        lighter = min((n for n in ok if n != pinned), key=lambda n: load[n], default=None)
+        if lighter is None or load[pinned] < load[lighter] + margin:
+            return None
+        return lighter
+
     def _popular_len(self, held: list[int]) -> int:
         """Leading blocks held by at least POPULAR_FRACTION of ``held``'s
         candidates, and by two of them at least (one holder is not popular)."""
         k = min(len(held), max(2, math.ceil(self.config.popular_fraction * len(held))))
         return sorted(held, reverse=True)[k - 1]
 
-    def _cold_choice(self, ok: list[str], load: dict[str, float], loads: dict[str, ReplicaLoad]) -> str:
+    def _cold_choice(self, ok: list[str], load: dict[str, float], loads: dict[str, ReplicaLoad],
+                     placement: int | None = None) -> str:
         if len(ok) == 1:
             return ok[0]
+        if placement is not None:  # a new session: fewest sessions, ties in turn (step 5)
+            order = sorted(ok)
+            return min(order, key=lambda n: (loads[n].sessions, (order.index(n) - placement) % len(order)))
         draw = self.rng.sample(ok, 2)
         cold = [n for n in ok if loads[n].free_kv_blocks > self.config.cold_free_fraction * loads[n].capacity]
         if cold:

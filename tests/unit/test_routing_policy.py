@@ -173,3 +173,51 @@ def test_a_queue_much_longer_than_a_peers_breaks_the_pin(wait_a, expected):
     lds = {"a": ReplicaLoad(running=2, queued=2, oldest_wait_s=wait_a), "b": ReplicaLoad(running=2, queued=2)}
     d = BatonPolicy(rng=random.Random(0)).route(RoutingRequest((1, 2, 3), "s"), lds, idx, pins, now=1)
     assert (d.replica, d.reason) == expected
+
+
+def test_a_new_session_goes_where_fewest_sessions_are_pinned_ties_in_turn():
+    """With a placement ticket, a new session ignores load in flight and takes the replica with
+    the fewest live sessions; among equals the ticket takes turns, whatever the RNG draws."""
+    policy, pins = BatonPolicy(rng=random.Random(0)), SessionPins()
+
+    def lds(a: int, b: int, c: int) -> dict[str, ReplicaLoad]:
+        return {n: ReplicaLoad(running=r, sessions=s) for n, r, s in (("a", 0, a), ("b", 2, b), ("c", 0, c))}
+
+    d = policy.route(RoutingRequest((1, 2), "new"), lds(3, 1, 2), PrefixIndex(), pins, now=0, placement=7)
+    assert (d.replica, d.reason) == ("b", "load")  # fewest sessions, though the busiest (within the overload bound)
+    picks = [policy.route(RoutingRequest((1, 2), f"s{t}"), lds(2, 2, 2), PrefixIndex(), pins, now=0,
+                          placement=t).replica for t in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+    # Without a session or a ticket, the load draw as before: never the busy b.
+    assert {policy.route(RoutingRequest((1, 2)), lds(3, 0, 3), PrefixIndex(), pins, now=0, placement=1).replica
+            for _ in range(10)} <= {"a", "c"}
+
+
+def test_a_live_pin_and_a_specific_prefix_outrank_session_counts():
+    idx, pins, policy = PrefixIndex(), SessionPins(), BatonPolicy(rng=random.Random(0))
+    idx.apply_stored("a", [1, 2, 3])
+    lds = {"a": ReplicaLoad(running=1, sessions=9), "b": ReplicaLoad(running=1, sessions=0)}
+    d = policy.route(RoutingRequest((1, 2, 3, 4), "fork"), lds, idx, pins, now=0, placement=0)
+    assert (d.replica, d.reason) == ("a", "prefix")  # its context is there: sessions do not move it
+    pins.pin("old", "a", now=0)
+    d = policy.route(RoutingRequest((5, 6), "old"), lds, idx, pins, now=1, placement=0)
+    assert (d.replica, d.reason) == ("a", "pinned")
+
+
+@pytest.mark.parametrize("store, a, b, expected", [
+    (None, 2, 0, ("a", "pinned")),  # no shared tier: the pin holds
+    (3, 1, 1, ("a", "pinned")),  # the tier holds it, but a is no busier
+    (3, 2, 1, ("b", "rebalanced")),  # one more in flight on a: moving costs one pool load
+    (2, 2, 0, ("a", "pinned")),  # the tier lacks a block a holds: moving would recompute it
+])
+def test_a_pin_yields_to_load_when_the_pool_holds_the_prefix(store, a, b, expected):
+    idx, pins = PrefixIndex(), SessionPins()
+    idx.apply_stored("a", [1, 2, 3])
+    if store is not None:
+        idx.apply_stored("pool", [1, 2, 3][:store])
+    pins.pin("s", "a", now=0)
+    policy = BatonPolicy(PolicyConfig(shared_tier="pool"), rng=random.Random(0))
+    lds = {"a": ReplicaLoad(running=a), "b": ReplicaLoad(running=b)}
+    d = policy.route(RoutingRequest((1, 2, 3, 4), "s"), lds, idx, pins, now=1)
+    assert (d.replica, d.reason, d.repinned) == (*expected, expected[0] == "b")
+    assert pins.get("s", now=2) == expected[0]
