@@ -2,13 +2,14 @@
 
 For each request it hashes the prompt's full blocks with the tenant's salt
 and reads, in one pipelined Redis round trip, the index slice of those
-blocks, both pools' registries and the session's pins. The pure policy then
+blocks, both pools' registries and the session's pins (a session without a
+live pin costs one more: the live sessions per replica that place it). The pure policy then
 picks a decode replica and, unless the decode replica can get all but a few
 tokens of the prompt from its own cache or the Mooncake store (the request
 then runs decode-only), a prefill replica. Pin updates are written without
-waiting for them. Load per replica is what its engine reported at its
-last heartbeat, or what this front has in flight there if that is more,
-and how long its oldest unscheduled request has waited.
+waiting for them. Load per replica is what every live front has in flight
+there (or this front, if more), and how long its engine's oldest
+unscheduled request has waited.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from deployments.metrics import IngressMetrics
 from routing import redis_state
 from routing.block_hash import hash_blocks
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
-from routing.policy import BatonPolicy
+from routing.policy import BatonPolicy, PolicyConfig
 from routing.snapshot import IndexSnapshot, pins_view
 
 POOLS = ("decode", "prefill")
@@ -39,7 +40,7 @@ class Route:
     decode_replica: str | None
     prefill_replica: str | None
     decode_only: bool
-    reason: str  # pinned | prefix | load | round_robin | no_replicas | fallback
+    reason: str  # pinned | rebalanced | prefix | load | round_robin | no_replicas | fallback
     predicted_cached_tokens: int  # on the replica that computes the prompt
     repinned: bool = False
     prompt_blocks: int = 0
@@ -59,6 +60,34 @@ class _State:
     live: dict[str, dict[str, dict]]  # pool -> replica -> registry entry
     pins: dict[str, str | None]  # pool -> pinned replica
     inflight: dict[str, dict[str, int]]  # pool -> replica -> every live front's requests there
+    # Placing a session with no live pin in a pool: live sessions per replica, and a ticket.
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)  # pool -> replica -> sessions
+    placement: dict[str, int] = field(default_factory=dict)  # pool -> this placement's ticket
+    reserved: dict[str, str] = field(default_factory=dict)  # pool -> replica that counts it meanwhile
+
+
+# Places a session that has no live pin, atomically, so that fronts placing a burst of
+# sessions at once each see the ones placed before: takes a ticket from the pool's counter
+# (KEYS[1]), counts each replica's live sessions (KEYS[2..], in replica order; ARGV[2]: the
+# oldest live score), and adds the session (ARGV[1], score ARGV[3], set TTL ARGV[4] ms) to the
+# replica with the fewest, ties in turn by ticket: the rule of BatonPolicy._cold_choice, which
+# then makes the choice itself among the replicas under the overload bound. Returns the ticket,
+# the 0-based index of the replica it went to, and the counts before it.
+_PLACE = """
+local ticket = redis.call('INCR', KEYS[1])
+local n = #KEYS - 1
+local out, best, best_key = {ticket, 0}, nil, nil
+for i = 1, n do
+  local c = redis.call('ZCOUNT', KEYS[i + 1], ARGV[2], '+inf')
+  out[i + 2] = c
+  local key = c * n + ((i - 1 - ticket) % n)
+  if best_key == nil or key < best_key then best, best_key = i, key end
+end
+redis.call('ZADD', KEYS[best + 1], ARGV[3], ARGV[1])
+redis.call('PEXPIRE', KEYS[best + 1], ARGV[4])
+out[2] = best - 1
+return out
+"""
 
 
 class RequestRouting:
@@ -68,11 +97,16 @@ class RequestRouting:
         self.bs = cfg.model.block_size
         self.redis = redis_client
         self.registry = redis_state.Registry(redis_client, cfg.routing.replica_timeout_s)
-        self.policy = BatonPolicy(rng=random.Random(cfg.routing.seed))
+        # Where the engines that compute prompts load prefixes from the pool, a session pin may
+        # yield to load: moving costs a load from the pool, not a recompute (routing/policy.py).
+        pooled = cfg.mooncake.colocated_pool if cfg.colocated else cfg.mooncake.prefix_reuse
+        self.policy = BatonPolicy(PolicyConfig(shared_tier=STORE_REPLICA if pooled else None),
+                                  rng=random.Random(cfg.routing.seed))
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         self.metrics = metrics
         self._pending: set[asyncio.Future] = set()
+        self._place = redis_client.register_script(_PLACE) if redis_client is not None else None
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -105,6 +139,24 @@ class RequestRouting:
                 pins[pool] = v.decode() if isinstance(v, bytes) else v
         return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins, inflight)
 
+    async def _read_placement(self, state: _State, session: str, now: float) -> None:
+        """For each pool where `session` has no live pin (a new session, or its replica left):
+        reserves it a place among the pool's live replicas (`_PLACE`) and records in `state`
+        the live sessions each held before, the ticket and the reservation. Changes Redis: the
+        pool's ticket counter, and the reserved replica's session set, which `_write_pins`
+        corrects when the policy chooses another replica."""
+        pools = [p for p in POOLS if state.live[p] and state.pins[p] not in state.live[p]]
+        ttl_s = self.cfg.routing.pin_ttl_s
+
+        async def place(pool: str) -> None:
+            names = sorted(state.live[pool])
+            res = await self._place(keys=[redis_state.placement_key(pool)]
+                                    + [redis_state.sessions_key(pool, r) for r in names],
+                                    args=[session, now - ttl_s, now, int(ttl_s * 1000)])
+            state.placement[pool], state.reserved[pool] = int(res[0]), names[int(res[1])]
+            state.sessions[pool] = dict(zip(names, map(int, res[2:])))
+        await asyncio.gather(*(place(p) for p in pools))
+
     def _choose(self, pool: str, req: RoutingRequest, state: _State, now: float) -> RoutingDecision | None:
         live = state.live[pool]
         if not live:
@@ -114,22 +166,25 @@ class RequestRouting:
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
-                choice = min(names, key=lambda n: (self._load(pool, n, live[n], state),
+                choice = min(names, key=lambda n: (self._load(pool, n, state),
                                                    (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
-        loads = {n: ReplicaLoad(running=self._load(pool, n, live[n], state),
+        loads = {n: ReplicaLoad(running=self._load(pool, n, state),
                                 capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
                                 free_kv_blocks=int(live[n].get("kv_free_blocks", 0)),
-                                oldest_wait_s=self._wait(live[n], now)) for n in names}
+                                oldest_wait_s=self._wait(live[n], now),
+                                sessions=state.sessions.get(pool, {}).get(n, 0)) for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
-        return self.policy.route(req, loads, state.snap, view, now)
+        return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool))
 
-    def _load(self, pool: str, replica: str, entry: dict, state: _State) -> int:
-        """Requests on `replica`, the most of: what its engine reported at its last heartbeat
-        (every front's, waiting or running, but up to `routing.heartbeat_s` old), what every
-        live front had in flight there at this decision's read, and what this front has."""
-        return max(self.inflight[pool][replica], int(entry.get("unfinished", 0)),
-                   state.inflight[pool].get(replica, 0))
+    def _load(self, pool: str, replica: str, state: _State) -> int:
+        """Requests on `replica`: what every live front had in flight there at this decision's
+        read, or what this front has if more (its own writes may not have landed yet). The
+        engine's own count in its heartbeat (`unfinished`) is not used: it is up to
+        `routing.heartbeat_s` old, longer than a prompt takes here, and every request an
+        engine runs came through a front, so the fronts' counts already hold it. A stale
+        count moved sessions off replicas that had drained (bench affinity, PD pool on)."""
+        return max(self.inflight[pool][replica], state.inflight[pool].get(replica, 0))
 
     @staticmethod
     def _wait(entry: dict, now: float) -> float:
@@ -138,13 +193,30 @@ class RequestRouting:
         wait = float(entry.get("oldest_wait_s") or 0.0)
         return wait + max(0.0, now - entry["ts"]) if entry.get("waiting") else wait
 
-    def _write_pins(self, session: str | None, chosen: dict[str, str]) -> None:
-        """Pins (or re-pins) the session, without waiting for Redis."""
-        if not session or not chosen:
+    def _write_pins(self, session: str | None, chosen: dict[str, str], state: _State, now: float) -> None:
+        """Pins (or re-pins) the session in each pool of `chosen`, and counts it among the live
+        sessions of those replicas only: no longer among its previous replica's, nor its
+        reservation's (`_read_placement`) where the policy chose another replica or the pool
+        was not used. Does not wait for Redis."""
+        if not session or not (chosen or state.reserved):
             return
-        ttl = int(self.cfg.routing.pin_ttl_s * 1000)
-        self._send(lambda pipe: [pipe.set(redis_state.pin_key(pool, session), replica, px=ttl)
-                                 for pool, replica in chosen.items()])
+        ttl_s = self.cfg.routing.pin_ttl_s
+        ttl = int(ttl_s * 1000)
+
+        def queue(pipe) -> None:
+            for pool in POOLS:
+                replica = chosen.get(pool)
+                stale = {state.reserved.get(pool)} | ({state.pins[pool]} if replica else set())
+                for old in stale - {None, replica}:
+                    pipe.zrem(redis_state.sessions_key(pool, old), session)
+                if replica is None:
+                    continue
+                pipe.set(redis_state.pin_key(pool, session), replica, px=ttl)
+                key = redis_state.sessions_key(pool, replica)
+                pipe.zadd(key, {session: now})
+                pipe.zremrangebyscore(key, "-inf", now - ttl_s)  # sessions whose pins expired
+                pipe.pexpire(key, ttl)  # a replica that left takes its set with it
+        self._send(queue)
 
     def _send(self, queue) -> None:
         """Runs the writes `queue` adds to a pipeline, without waiting for Redis."""
@@ -170,10 +242,13 @@ class RequestRouting:
         now = time.time()
         hashes = tuple(hash_blocks(prompt_ids, self.bs, tenant))
         state = await self._read(hashes, session, now)
+        if session and self.cfg.routing.policy == "baton":
+            await self._read_placement(state, session, now)
         req = RoutingRequest(hashes, session)
         decode = self._choose("decode", req, state, now)
         if decode is None:
             self.metrics.decisions.labels("decode", "no_replicas").inc()
+            self._write_pins(session, {}, state, now)  # takes back a prefill reservation
             return Route(None, None, False, "no_replicas", 0, prompt_blocks=len(hashes))
         chosen = {"decode": decode.replica}
         store_held = state.snap.match(hashes).get(STORE_REPLICA, 0)
@@ -195,7 +270,7 @@ class RequestRouting:
             reuse = store_held if self.cfg.mooncake.prefix_reuse else 0
             route.prefill_lookup = reuse > prefill.cached_blocks
             route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), len(prompt_ids))
-        self._write_pins(session, chosen)
+        self._write_pins(session, chosen, state, now)
         return route
 
     def _count(self, pool: str, d: RoutingDecision) -> None:

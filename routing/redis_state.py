@@ -7,6 +7,8 @@ Keys (prefix `baton:`):
 - `pin:{pool}:{session}` replica id, with the pin TTL
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 - `inflight:{pool}` hash `{replica} {front}` -> requests that front has in flight there
+- `sessions:{pool}:{replica}` sorted set session -> when it was last routed there
+- `placements:{pool}` counter: one ticket per session placed (fronts take turns by it)
 
 `RedisIndex` is the KVIndex contract (routing/index_api.py) over these keys.
 The KV indexer is the only writer of `idx:*`; a front reads one request's
@@ -129,6 +131,14 @@ def registry_key(pool: str) -> str:
 
 def inflight_key(pool: str) -> str:
     return f"{P}inflight:{pool}"
+
+
+def sessions_key(pool: str, replica: str) -> str:
+    return f"{P}sessions:{pool}:{replica}"
+
+
+def placement_key(pool: str) -> str:
+    return f"{P}placements:{pool}"
 
 
 def inflight_field(replica: str, front: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 import redis
@@ -198,3 +199,52 @@ def test_a_request_with_no_live_decode_replica_is_counted(clients):
     route = run(aio, lambda c: RequestRouting(BatonConfig(), c, metrics).route(list(range(50)), "t", None))
     assert route.reason == "no_replicas"
     assert 'baton_route_decisions_total{pool="decode",reason="no_replicas"} 1.0' in metrics.render().decode()
+
+
+def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
+    """Two fronts place 8 new sessions at once (every read sees the same counts): the shared
+    ticket makes them take turns, 4 and 4. Each replica's set counts its sessions; a re-pin
+    moves the session from one set to the other, and later turns do not count twice."""
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig()
+    for name in ("d1", "d2"):
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    Registry.beat(sync, "prefill", "p1", {"capacity_blocks": 100, "url": "http://127.0.0.1:1/p1"})
+
+    async def scenario(client):
+        fronts = [RequestRouting(cfg, client, IngressMetrics(), f) for f in ("d1", "d2")]
+        routes = await asyncio.gather(*(fronts[i % 2].route(list(range(i * 100, i * 100 + 10)), "t", f"s{i}")
+                                        for i in range(8)))
+        for f in fronts:
+            await asyncio.gather(*f._pending)
+        again = [await fronts[0].route(list(range(i * 100, i * 100 + 10)), "t", f"s{i}") for i in range(8)]
+        await asyncio.gather(*fronts[0]._pending)
+        return routes, again
+
+    routes, again = run(aio, scenario)
+    placed = Counter(r.decode_replica for r in routes)
+    assert placed == {"d1": 4, "d2": 4}, placed
+    assert [r.decode_replica for r in again] == [r.decode_replica for r in routes]
+    assert all(r.reason == "pinned" for r in again)
+    counts = {n: sync.zcard(redis_state.sessions_key("decode", n)) for n in ("d1", "d2")}
+    assert counts == {"d1": 4, "d2": 4}
+    assert sync.zcard(redis_state.sessions_key("prefill", "p1")) == 0  # decode-only: reservations taken back
+    assert 0 < sync.pttl(redis_state.sessions_key("decode", "d1")) <= cfg.routing.pin_ttl_s * 1000
+
+    moved = next(f"s{i}" for i, r in enumerate(routes) if r.decode_replica == "d1")
+    sync.set(redis_state.pin_key("decode", moved), "d1")
+    sync.hset(redis_state.inflight_key("decode"), redis_state.inflight_field("d1", "d1"), 50)  # d1 overloaded
+
+    async def repin(client):
+        routing = RequestRouting(cfg, client, IngressMetrics(), "d2")
+        route = await routing.route(list(range(1000, 1010)), "t", moved)
+        await asyncio.gather(*routing._pending)
+        return route
+
+    route = run(aio, repin)
+    assert (route.decode_replica, route.repinned) == ("d2", True)
+    assert {n: sync.zcard(redis_state.sessions_key("decode", n)) for n in ("d1", "d2")} == {"d1": 3, "d2": 5}

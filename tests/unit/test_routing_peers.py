@@ -34,18 +34,21 @@ def test_least_loaded_picks_the_fewest_in_flight_and_takes_turns_among_equals():
     assert sorted(_pick(routing, 2)) == ["b", "c"]
 
 
-def test_engine_reported_load_counts_what_other_fronts_sent():
-    """Another front filled `a` (its engine reports 9 unfinished requests); this front sent
-    nothing anywhere, yet least-loaded avoids `a`, and so does Baton's overload bound."""
-    live = {"decode": {"a": {"unfinished": 9}, "b": {"unfinished": 0}, "c": {"unfinished": 1}}, "prefill": {}}
-    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, NOBODY)
+def test_load_is_what_the_fronts_have_in_flight_not_the_engines_stale_report():
+    """Other fronts filled `a` (their counts in Redis); this front sent nothing anywhere, yet
+    least-loaded avoids `a`, and Baton's overload bound breaks a pin to it. An engine's count
+    from its last heartbeat (up to routing.heartbeat_s old) is not load: `c` reports 9 that
+    have since finished, and is chosen like `b`."""
+    live = {"decode": {"a": {"unfinished": 0}, "b": {"unfinished": 0}, "c": {"unfinished": 9}}, "prefill": {}}
+    fronts = {"decode": {"a": 9, "c": 0}, "prefill": {}}
+    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, fronts)
     least = _routing("least_loaded")
-    assert {least._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(3)} == {"b"}
+    assert {least._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(4)} == {"b", "c"}
     baton = _routing("baton")
-    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, NOBODY)
+    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, fronts)
     d = baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0)
     assert d.replica != "a" and d.repinned
-    live["decode"]["a"]["unfinished"] = 1  # a drains: the pin holds again
+    fronts["decode"]["a"] = 1  # a drains: the pin holds again
     assert baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0).replica == "a"
 
 
@@ -53,9 +56,9 @@ def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
     """A cold prompt draws two replicas plus one whose engine reports more than half its KV
     free, and takes the least loaded of them: with loads a=c=2 and b=0 the draw holds b only
     when b is the cold one, so every choice is b once b reports its KV free."""
-    live = {"decode": {n: {"unfinished": 2 if n != "b" else 0, "kv_blocks": 100, "kv_free_blocks": 10}
-                       for n in "abc"}, "prefill": {}}
-    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, NOBODY)
+    live = {"decode": {n: {"kv_blocks": 100, "kv_free_blocks": 10} for n in "abc"}, "prefill": {}}
+    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None},
+                   {"decode": {"a": 2, "c": 2}, "prefill": {}})
     routing = _routing("baton")
     live["decode"]["b"]["kv_free_blocks"] = 90
     picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(20)}
