@@ -84,6 +84,12 @@
 #     bound, 2x the mean load plus 20 s of prefill work. Above it a replica
 #     takes no pinned or prefix traffic until it drains. Tighter bounds
 #     (1.3x + 30) break affinity on ordinary bursts and cost 4-8 points.
+#   OVERLOAD_SLACK_REQUESTS = 4, when loads are request counts (the real
+#     stack): an engine batches what it holds, so 3 requests against 0 is
+#     no runaway, yet with a slack of 2 it broke 6 of 24 pins in `bench
+#     affinity` (2 colocated replicas, 4 requests in flight, no pool) once
+#     the counts were exact, and each move recomputed a whole context
+#     (4.5-5.9 s against 1.5 s pinned). A real queue trips the wait bound.
 #   OVERLOAD_WAIT_S = 5: a queue 5 s longer than a peer's costs more than
 #     recomputing a 2k-token context elsewhere on a CPU engine (1-2 s), and
 #     is well past the engines' load reports' age (heartbeat_s / 2).
@@ -117,7 +123,7 @@ class PolicyConfig:
     alpha: float = 0.03
     overload_ratio: float = 2.0
     overload_slack_blocks: float = 200.0
-    overload_slack_requests: float = 2.0  # when loads are request counts (no pending_blocks)
+    overload_slack_requests: float = 4.0  # when loads are request counts (no pending_blocks)
     overload_wait_s: float = 5.0
     cold_free_fraction: float = 0.5
     popular_fraction: float = 0.5
