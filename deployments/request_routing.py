@@ -3,11 +3,11 @@
 For each request it hashes the prompt's full blocks with the tenant's salt
 and reads, in one pipelined Redis round trip, the index slice of those
 blocks, both pools' registries and the session's pins (a session without a
-live pin costs one more: the live sessions per replica that place it). The pure policy then
-picks a decode replica and, unless the decode replica can get all but a few
-tokens of the prompt from its own cache or the Mooncake store (the request
-then runs decode-only), a prefill replica. Pin updates are written without
-waiting for them. Load per replica is what every live front has in flight
+live pin costs one more: the live sessions per replica that place it). The
+pure policy then picks a decode replica and, unless the decode replica can
+get all but a few tokens of the prompt from its own cache or the Mooncake
+store (the request then runs decode-only), a prefill replica. Pin updates
+are written without waiting for them. Load per replica is what every live front has in flight
 there (or this front, if more), and how long its engine's oldest
 unscheduled request has waited.
 """

@@ -31,8 +31,8 @@
 #      With a shared tier (``shared_tier``: the index's name for a store that
 #      every candidate loads prefixes from, the Mooncake pool), a pin yields
 #      to load when the tier holds some of the prompt, and at least what the
-#      pinned replica holds, and the pinned replica has POOL_YIELD more in flight than
-#      the least loaded candidate: moving then costs one load from the pool,
+#      pinned replica holds, and the pinned replica has POOL_YIELD more in
+#      flight than the least loaded candidate: moving then costs one load from the pool,
 #      where staying queues behind the replica's other sessions. The session
 #      goes to the least loaded candidate ("rebalanced") and is re-pinned.
 #   3. Prefix match in the index: held(r) = leading blocks r holds. Then the
