@@ -25,6 +25,12 @@ index, load), then the peers `round_robin` and `least_loaded`. The policy is
 the stack's config, so each policy is a stack of its own. Reported: TTFT of
 turn 1 and of turns 2+, and the ratios to round robin measured on the same
 layout and pool setting.
+
+One run is 24 turns 2+ per policy, and round robin's own median moves by a
+fifth between runs on a noisy machine. `--repeats N` runs the policies N
+times in turn (a fresh stack and new sessions each time), pools every
+repeat's requests for the statistics, keeps each repeat's own, and gives the
+turn-2+ p50 ratio to round robin a bootstrap interval over the pooled turns.
 """
 
 from __future__ import annotations
@@ -88,6 +94,19 @@ def turn_stats(results) -> dict:
     }
 
 
+def median_ratio_interval(a: list[float], b: list[float], draws: int = 2000, seed: int = 0,
+                          level: float = 0.9) -> tuple[float, float] | None:
+    """A bootstrap interval (`level`, two-sided) for p50(a) / p50(b): both samples are
+    resampled with replacement `draws` times. None when either is empty. Changes nothing."""
+    if not a or not b:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(percentile(rng.choices(a, k=len(a)), 50) / percentile(rng.choices(b, k=len(b)), 50)
+                    for _ in range(draws))
+    tail = (1.0 - level) / 2
+    return (round(ratios[int(tail * (draws - 1))], 3), round(ratios[int((1 - tail) * (draws - 1))], 3))
+
+
 def session_routes(results) -> dict:
     """Where turns 2+ went, from each answer's `baton` object: by route reason, how many stayed on
     the replicas of the session's previous turn, ran decode-only, and got the cached tokens the
@@ -139,7 +158,7 @@ def _fetch_routing_counts(url: str) -> dict:
         return {"unavailable": str(exc)[:80]}
 
 
-def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: str) -> Path:
+def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: str, rep: int = 0) -> Path:
     pools = {"replicas": 2, "kv_cache_gb": args.kv_gb, "env": dict(kv.split("=", 1) for kv in args.engine_env)}
     mooncake = dict(POOLS[pool], shm_reads=not args.no_shm)
     if layout == "colocated":
@@ -147,14 +166,16 @@ def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: st
         shape = {"colocated": True}
     else:
         shape = {"colocated": False, "prefill": pools}
-    return write_config(workdir / f"{layout}-pool-{pool}-{policy}", model={"path": str(model)},
+    name = f"{layout}-pool-{pool}-{policy}" + (f"-{rep + 1}" if rep else "")  # a fresh state dir each
+    return write_config(workdir / name, model={"path": str(model)},
                         decode=pools, mooncake=mooncake, **shape,
                         routing={"policy": policy, "decode_only_max_uncached_tokens": args.decode_only_max},
                         tracing={"exporter": "none"})
 
 
-def _measure(config: Path, args, seed: int, label: str) -> dict:
-    """Starts a stack from `config`, runs one set of sessions through it, stops it."""
+def _measure(config: Path, args, seed: int, label: str) -> tuple[dict, list]:
+    """Starts a stack from `config`, runs one set of sessions through it, stops it. Returns
+    the run's statistics and its requests' results."""
     stack = StackProcess(config)
     print(f"{label}: starting baton ...", file=sys.stderr, flush=True)
     stack.start()
@@ -167,7 +188,45 @@ def _measure(config: Path, args, seed: int, label: str) -> dict:
         stack.stop()
     stats = {**turn_stats(results), "routing": routing, "turn2plus_routes": session_routes(results)}
     print(json.dumps({"run": label, **stats}), file=sys.stderr, flush=True)
-    return stats
+    return stats, results
+
+
+def _append_requests(path: Path, results, **labels) -> None:
+    """Appends one JSON line per request of `results` to `path`, with `labels` (its run)."""
+    from dataclasses import asdict
+
+    with path.open("a") as f:
+        for r in results:
+            f.write(json.dumps({**labels, **asdict(r)}) + "\n")
+
+
+def _later_ttfts(results) -> list[float]:
+    return [r.ttft_s for r in results if r.ok and r.turn > 0]
+
+
+def _pool_runs(policies: list[str], per_repeat: list[dict], results: dict[str, list]) -> dict:
+    """One pool setting's report: each policy's statistics over all its repeats (with each
+    repeat's own under `repeats` when there are several), and the ratios to round robin."""
+    runs: dict = {}
+    for policy in policies:
+        runs[policy] = turn_stats(results[policy]) if len(per_repeat) > 1 else dict(per_repeat[0][policy])
+        if len(per_repeat) > 1:
+            runs[policy]["repeats"] = [rep[policy] for rep in per_repeat]
+    rr = runs.get("round_robin")
+    if rr:
+        keys = ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s", "ttft_turn2plus_p90_s")
+        runs["ratio_to_round_robin"] = {
+            p: {k: round(r[k] / rr[k], 3) for k in keys if r[k] and rr[k]}
+            for p, r in runs.items() if p in POLICIES and p != "round_robin"}
+        if len(per_repeat) > 1:
+            for p, ratios in runs["ratio_to_round_robin"].items():
+                ratios["turn2plus_p50_interval_90"] = median_ratio_interval(
+                    _later_ttfts(results[p]), _later_ttfts(results["round_robin"]))
+                ratios["turn2plus_p50_by_repeat"] = [
+                    round(rep[p]["ttft_turn2plus_p50_s"] / rep["round_robin"]["ttft_turn2plus_p50_s"], 3)
+                    for rep in per_repeat
+                    if rep[p]["ttft_turn2plus_p50_s"] and rep["round_robin"]["ttft_turn2plus_p50_s"]]
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,8 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="mooncake.shm_reads off: engines move KV over the transfer engine's TCP only")
     parser.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment of every engine process (repeatable)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the policies this many times in turn and pool the requests")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
+    parser.add_argument("--requests", type=Path,
+                        help="also write every request's result here, one JSON object a line")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     from bench.kv import MODELS
     from cluster import tiny_model
 
@@ -199,19 +264,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model} ...", file=sys.stderr, flush=True)
     tiny_model.generate(model, size="bench")
     workdir = bench_workdir("bench-affinity")
+    if args.requests:
+        args.requests.write_text("")
     out: dict = {"workload": {k: v for k, v in vars(args).items() if k != "out"}}
     for layout in args.layouts.split(","):
         for pool in args.pools.split(","):
-            runs = out.setdefault(layout, {})[f"pool_{pool}"] = {}
-            for seed, policy in enumerate(args.policies.split(",")):
-                runs[policy] = _measure(_config(workdir, model, args, layout, pool, policy), args, seed,
-                                        f"{layout}/pool {pool}/{policy}")
-            rr = runs.get("round_robin")
-            if rr:
-                runs["ratio_to_round_robin"] = {
-                    p: {k: round(r[k] / rr[k], 3) for k in ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s",
-                                                            "ttft_turn2plus_p90_s") if r[k] and rr[k]}
-                    for p, r in runs.items() if p in POLICIES and p != "round_robin"}
+            policies = args.policies.split(",")
+            per_repeat: list[dict] = []
+            results: dict[str, list] = {p: [] for p in policies}
+            for rep in range(args.repeats):  # the policies in turn, so drift touches each alike
+                per_repeat.append({})
+                for i, policy in enumerate(policies):
+                    tag = f" (repeat {rep + 1}/{args.repeats})" if args.repeats > 1 else ""
+                    per_repeat[-1][policy], res = _measure(
+                        _config(workdir, model, args, layout, pool, policy, rep), args,
+                        rep * len(policies) + i, f"{layout}/pool {pool}/{policy}{tag}")
+                    results[policy] += res
+                    if args.requests:
+                        _append_requests(args.requests, res, layout=layout, pool=pool, policy=policy, repeat=rep)
+            out.setdefault(layout, {})[f"pool_{pool}"] = _pool_runs(policies, per_repeat, results)
     print(json.dumps(out))
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))

@@ -50,3 +50,35 @@ def test_session_routes_follow_each_session_from_turn_to_turn():
         "turns": 3, "reason/pinned": 1, "reason/load": 1, "reason/prefix": 1, "decode_only": 1,
         "prefill/same_as_last_turn": 1, "prefill/moved": 1,
         "decode/same_as_last_turn": 2, "decode/moved": 1, "predicted_exact": 2, "first_turns_on/d0": 2}
+
+
+def test_median_ratio_interval_brackets_the_ratio_and_narrows_with_samples():
+    from bench.affinity import median_ratio_interval
+
+    assert median_ratio_interval([], [1.0]) is None
+    lo, hi = median_ratio_interval([1.0] * 5, [2.0] * 5)
+    assert lo == hi == 0.5  # no spread, no doubt
+    a = [0.8 + 0.01 * i for i in range(40)]  # p50 ~1.0
+    b = [1.6 + 0.02 * i for i in range(40)]  # p50 ~2.0
+    lo, hi = median_ratio_interval(a, b)
+    assert lo <= 0.5 <= hi and hi - lo < 0.1
+    wide = median_ratio_interval(a[::8], b[::8])
+    assert wide[1] - wide[0] > hi - lo
+
+
+def test_pool_runs_pool_repeats_and_keep_each_repeats_ratio():
+    from bench.affinity import _pool_runs
+
+    def run(ttfts):
+        return [RequestResult(i, f"s{i}", 1, ttft_s=t, input_tokens=10) for i, t in enumerate(ttfts)]
+    results = {"baton": run([1.0, 1.0, 3.0, 3.0]), "round_robin": run([2.0, 2.0, 2.0, 2.0])}
+    per_repeat = [{"baton": turn_stats(results["baton"][:2]), "round_robin": turn_stats(results["round_robin"][:2])},
+                  {"baton": turn_stats(results["baton"][2:]), "round_robin": turn_stats(results["round_robin"][2:])}]
+    runs = _pool_runs(["baton", "round_robin"], per_repeat, results)
+    assert runs["baton"]["requests_ok"] == 4 and len(runs["baton"]["repeats"]) == 2
+    ratios = runs["ratio_to_round_robin"]["baton"]
+    assert ratios["turn2plus_p50_by_repeat"] == [0.5, 1.5]
+    assert ratios["ttft_turn2plus_p50_s"] == 1.0  # the pooled medians: 2.0 / 2.0
+    assert ratios["turn2plus_p50_interval_90"][0] <= 1.0 <= ratios["turn2plus_p50_interval_90"][1]
+    single = _pool_runs(["baton", "round_robin"], per_repeat[:1], results)
+    assert "repeats" not in single["baton"] and single["ratio_to_round_robin"]["baton"]["ttft_turn2plus_p50_s"] == 0.5
