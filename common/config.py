@@ -189,12 +189,24 @@ class RedisConfig(_Strict):
                 raise ConfigError(f"redis.password_file {self.password_file}: {exc.strerror}") from None
         return None
 
-    def client(self, asynchronous: bool = False, **kwargs):
-        """A new redis-py client for `url`, authenticated when a password is set; connects lazily."""
+    def client(self, asynchronous: bool = False, reconnect: bool = False, **kwargs):
+        """A new redis-py client for `url`, authenticated when a password is set; connects lazily.
+
+        `reconnect`: a command whose pooled connection turns out closed (Redis restarted since
+        it was last used) is sent once more on a new connection, instead of failing. redis-py
+        clients made from a URL do not retry at all, so after a Redis restart each idle pooled
+        connection failed one command. Only for clients whose commands are reads or idempotent
+        writes: a write whose reply was lost would be applied twice."""
         import redis
         import redis.asyncio
+        import redis.asyncio.retry
+        import redis.retry
+        from redis.backoff import NoBackoff
 
         cls = redis.asyncio.Redis if asynchronous else redis.Redis
+        if reconnect:
+            retry_cls = redis.asyncio.retry.Retry if asynchronous else redis.retry.Retry
+            kwargs.setdefault("retry", retry_cls(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
         return cls.from_url(self.url, password=self.password(), **kwargs)
 
 

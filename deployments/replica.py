@@ -147,7 +147,11 @@ class EngineReplica:
         bs = self.cfg.model.block_size
         kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
         finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
-        client = self.cfg.redis.client(asynchronous=True, socket_timeout=5)
+        # Routing reads and writes (pins, session sets and in-flight counts are idempotent; a
+        # placement sent twice takes one more ticket and may count the session on a second
+        # replica until the set's TTL), readiness and key reads: a connection Redis closed by
+        # restarting is retried once instead of turning the request into a fallback route.
+        client = self.cfg.redis.client(asynchronous=True, reconnect=True, socket_timeout=5)
         routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
         # Any front may send to any decode replica's engine, so the fronts lease
         # the pool's permits from Redis (deployments/permit_leases.py).
