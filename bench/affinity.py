@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = bench_workdir("bench-affinity")
     if args.requests:
         args.requests.write_text("")
-    out: dict = {"workload": {k: v for k, v in vars(args).items() if k != "out"}}
+    out: dict = {"workload": {k: v for k, v in vars(args).items() if k not in ("out", "requests")}}
     for layout in args.layouts.split(","):
         for pool in args.pools.split(","):
             policies = args.policies.split(",")
