@@ -209,9 +209,11 @@ def _pool_runs(policies: list[str], per_repeat: list[dict], results: dict[str, l
     repeat's own under `repeats` when there are several), and the ratios to round robin."""
     runs: dict = {}
     for policy in policies:
-        runs[policy] = turn_stats(results[policy]) if len(per_repeat) > 1 else dict(per_repeat[0][policy])
-        if len(per_repeat) > 1:
-            runs[policy]["repeats"] = [rep[policy] for rep in per_repeat]
+        if len(per_repeat) == 1:
+            runs[policy] = dict(per_repeat[0][policy])
+            continue
+        runs[policy] = {**turn_stats(results[policy]), "turn2plus_routes": session_routes(results[policy]),
+                        "repeats": [rep[policy] for rep in per_repeat]}
     rr = runs.get("round_robin")
     if rr:
         keys = ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s", "ttft_turn2plus_p90_s")

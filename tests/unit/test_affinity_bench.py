@@ -70,7 +70,8 @@ def test_pool_runs_pool_repeats_and_keep_each_repeats_ratio():
     from bench.affinity import _pool_runs
 
     def run(ttfts):
-        return [RequestResult(i, f"s{i}", 1, ttft_s=t, input_tokens=10) for i, t in enumerate(ttfts)]
+        return [RequestResult(i, f"s{i}", 1, ttft_s=t, input_tokens=10, baton={"route": "pinned"})
+                for i, t in enumerate(ttfts)]
     results = {"baton": run([1.0, 1.0, 3.0, 3.0]), "round_robin": run([2.0, 2.0, 2.0, 2.0])}
     per_repeat = [{"baton": turn_stats(results["baton"][:2]), "round_robin": turn_stats(results["round_robin"][:2])},
                   {"baton": turn_stats(results["baton"][2:]), "round_robin": turn_stats(results["round_robin"][2:])}]
@@ -82,3 +83,4 @@ def test_pool_runs_pool_repeats_and_keep_each_repeats_ratio():
     assert ratios["turn2plus_p50_interval_90"][0] <= 1.0 <= ratios["turn2plus_p50_interval_90"][1]
     single = _pool_runs(["baton", "round_robin"], per_repeat[:1], results)
     assert "repeats" not in single["baton"] and single["ratio_to_round_robin"]["baton"]["ttft_turn2plus_p50_s"] == 0.5
+    assert runs["baton"]["turn2plus_routes"]["reason/pinned"] == 4  # where the pooled turns went
