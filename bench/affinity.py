@@ -76,11 +76,15 @@ def sessions(n: int, turns: int, first_words: int, turn_words: int, output_token
     return specs
 
 
+def _later_ttfts(results) -> list[float]:
+    return [r.ttft_s for r in results if r.ok and r.turn > 0]
+
+
 def turn_stats(results) -> dict:
     """TTFT of turn 1 and of turns 2+, and the cached share of turns 2+; changes nothing."""
     ok = [r for r in results if r.ok]
     first = [r.ttft_s for r in ok if r.turn == 0]
-    later = [r.ttft_s for r in ok if r.turn > 0]
+    later = _later_ttfts(ok)
     return {
         "requests_ok": len(ok), "errors": len(results) - len(ok),
         "ttft_turn1_p50_s": percentile(first, 50),
@@ -198,10 +202,6 @@ def _append_requests(path: Path, results, **labels) -> None:
     with path.open("a") as f:
         for r in results:
             f.write(json.dumps({**labels, **asdict(r)}) + "\n")
-
-
-def _later_ttfts(results) -> list[float]:
-    return [r.ttft_s for r in results if r.ok and r.turn > 0]
 
 
 def _pool_runs(policies: list[str], per_repeat: list[dict], results: dict[str, list]) -> dict:

@@ -68,8 +68,9 @@ class _State:
 
 # Places a session that has no live pin, atomically, so that fronts placing a burst of
 # sessions at once each see the ones placed before: takes a ticket from the pool's counter
-# (KEYS[1]), counts each replica's live sessions (KEYS[2..], in replica order; ARGV[2]: the
-# oldest live score), and adds the session (ARGV[1], score ARGV[3], set TTL ARGV[4] ms) to the
+# (KEYS[1]), drops the sessions whose pins expired (score below ARGV[2], the oldest live one)
+# from each replica's set (KEYS[2..], in replica order) and counts the rest, and adds the
+# session (ARGV[1], score ARGV[3], set TTL ARGV[4] ms) to the
 # replica with the fewest, ties in turn by ticket: the rule of BatonPolicy._cold_choice, which
 # then makes the choice itself among the replicas under the overload bound. Returns the ticket,
 # the 0-based index of the replica it went to, and the counts before it.
@@ -78,7 +79,8 @@ local ticket = redis.call('INCR', KEYS[1])
 local n = #KEYS - 1
 local out, best, best_key = {ticket, 0}, nil, nil
 for i = 1, n do
-  local c = redis.call('ZCOUNT', KEYS[i + 1], ARGV[2], '+inf')
+  redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', '(' .. ARGV[2])
+  local c = redis.call('ZCARD', KEYS[i + 1])
   out[i + 2] = c
   local key = c * n + ((i - 1 - ticket) % n)
   if best_key == nil or key < best_key then best, best_key = i, key end
@@ -213,8 +215,7 @@ class RequestRouting:
                     continue
                 pipe.set(redis_state.pin_key(pool, session), replica, px=ttl)
                 key = redis_state.sessions_key(pool, replica)
-                pipe.zadd(key, {session: now})
-                pipe.zremrangebyscore(key, "-inf", now - ttl_s)  # sessions whose pins expired
+                pipe.zadd(key, {session: now})  # expired sessions leave at the next placement
                 pipe.pexpire(key, ttl)  # a replica that left takes its set with it
         self._send(queue)
 

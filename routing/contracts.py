@@ -69,12 +69,18 @@ class RoutingDecision:
     repinned: bool = False
 
 
+def loads_in_blocks(loads: dict[str, ReplicaLoad]) -> bool:
+    """Whether `scalar_loads` counts blocks (some live replica reports
+    ``pending_blocks``) rather than requests: the unit its thresholds take."""
+    return any(l.pending_blocks > 0 for l in loads.values() if l.alive)
+
+
 def scalar_loads(loads: dict[str, ReplicaLoad]) -> dict[str, float]:
     """One comparable number per live replica: work in flight in blocks when
     any replica reports ``pending_blocks``, else running + queued requests.
     Deciding the unit once per call keeps the numbers comparable."""
     live = {n: l for n, l in loads.items() if l.alive}
-    if any(l.pending_blocks > 0 for l in live.values()):
+    if loads_in_blocks(live):
         return {n: l.pending_blocks for n, l in live.items()}
     return {n: float(l.running + l.queued) for n, l in live.items()}
 

@@ -111,7 +111,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest, scalar_loads
+from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest, loads_in_blocks, scalar_loads
 from routing.prefix_index import PrefixIndex
 from routing.session_pins import SessionPins
 
@@ -221,8 +221,7 @@ class BatonPolicy:
         cfg = self.config
         if len(load) == 1:
             return set(load)
-        blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
-        slack = cfg.overload_slack_blocks if blocks else cfg.overload_slack_requests
+        slack = cfg.overload_slack_blocks if loads_in_blocks(loads) else cfg.overload_slack_requests
         total = sum(load.values())
         # The least wait among the others: the pool's least, or for its holder the second least.
         by_wait = sorted(load, key=lambda n: loads[n].oldest_wait_s)
@@ -244,8 +243,7 @@ class BatonPolicy:
         cfg = self.config
         if cfg.shared_tier is None or match.get(cfg.shared_tier, 0) < max(1, pinned_held):
             return None  # (a tier that holds none of it may just not be indexed yet)
-        blocks = any(l.pending_blocks > 0 for l in loads.values() if l.alive)
-        margin = cfg.pool_yield_blocks if blocks else cfg.pool_yield_requests
+        margin = cfg.pool_yield_blocks if loads_in_blocks(loads) else cfg.pool_yield_requests
         lighter = min((n for n in ok if n != pinned), key=lambda n: load[n], default=None)
         if lighter is None or load[pinned] < load[lighter] + margin:
             return None
@@ -263,7 +261,8 @@ class BatonPolicy:
             return ok[0]
         if placement is not None:  # a new session: fewest sessions, ties in turn (step 5)
             order = sorted(ok)
-            return min(order, key=lambda n: (loads[n].sessions, (order.index(n) - placement) % len(order)))
+            i = min(range(len(order)), key=lambda i: (loads[order[i]].sessions, (i - placement) % len(order)))
+            return order[i]
         draw = self.rng.sample(ok, 2)
         cold = [n for n in ok if loads[n].free_kv_blocks > self.config.cold_free_fraction * loads[n].capacity]
         if cold:

@@ -248,3 +248,30 @@ def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
     route = run(aio, repin)
     assert (route.decode_replica, route.repinned) == ("d2", True)
     assert {n: sync.zcard(redis_state.sessions_key("decode", n)) for n in ("d1", "d2")} == {"d1": 3, "d2": 5}
+
+
+def test_placement_drops_sessions_whose_pins_expired(clients):
+    """A replica's set still holds a session routed there longer ago than the pin TTL: the
+    placement script drops it and does not count it, so the new session goes there."""
+    import time
+
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig()
+    for name in ("d1", "d2"):
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    now = time.time()
+    sync.zadd(redis_state.sessions_key("decode", "d1"), {"gone": now - 2 * cfg.routing.pin_ttl_s})
+    sync.zadd(redis_state.sessions_key("decode", "d2"), {"live": now})
+
+    async def place(client):
+        routing = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        route = await routing.route(list(range(10)), "t", "new")
+        await asyncio.gather(*routing._pending)
+        return route
+
+    assert run(aio, place).decode_replica == "d1"
+    assert sync.zrange(redis_state.sessions_key("decode", "d1"), 0, -1) == [b"new"]
