@@ -15,11 +15,18 @@ the same virtualenv (the benchmark's peer) runs unchanged.
   sooner than that, so only idle gaps sleep). A sleeping reader also wakes
   every POLL_MS to look again, since vLLM's wake-up ping can be lost.
 
+- `BATON_FIT_RATES=1`: times the engine's steps (below).
+
 It also gives vLLM's EngineCore a `baton_load` utility method (called by
 the replica through `call_utility_async`, so it runs on the engine loop
 between steps): the scheduler's running and waiting requests, its free
-KV blocks (free or evictable) and total, and how long the oldest waiting
-request has waited. Nothing calls it but Baton's replica.
+KV blocks (free or evictable), its empty ones (free and caching nothing)
+and total, how long the oldest waiting request has waited, and the
+engine's measured speeds: `EngineCore.step` is timed, and each step's
+duration, tokens computed and prompt tokens loaded through the KV connector
+feed a `routing.rates.StepFit` (seconds per token computed, per token
+loaded, per step), which the router's cost (routing/cost.py) prices
+candidates with. Nothing calls it but Baton's replica.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import time
 
 SPIN_ENV = "BATON_SHM_SPIN_S"
 POLL_MS = 1
+FIT_ENV = "BATON_FIT_RATES"
+MIN_FIT_STEPS = 20  # steps before the engine reports its fitted rates
 
 
 def register() -> None:
@@ -41,6 +50,42 @@ def register() -> None:
 
     if not hasattr(EngineCore, "baton_load"):
         EngineCore.baton_load = baton_load
+    if os.environ.get(FIT_ENV) == "1" and not hasattr(EngineCore.step, "__baton_timed__"):
+        EngineCore.step = _timed(EngineCore.step)
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        Scheduler.schedule = _kept(Scheduler.schedule)
+
+
+def _kept(schedule):
+    """`Scheduler.schedule` that keeps its last output on the scheduler (`_baton_last`)."""
+    def wrapper(self, *args, **kwargs):
+        out = self._baton_last = schedule(self, *args, **kwargs)
+        return out
+    return wrapper
+
+
+def _timed(step):
+    """`EngineCore.step` that feeds the engine's StepFit with each step that ran the model."""
+    from routing.rates import StepFit
+
+    def wrapper(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = step(self, *args, **kwargs)
+        sched = self.scheduler
+        so = getattr(sched, "_baton_last", None)
+        if so is not None and so.total_num_scheduled_tokens > 0:
+            sched._baton_last = None
+            loaded = 0
+            for new in so.scheduled_new_reqs:
+                req = sched.requests.get(new.req_id)
+                stats = getattr(req, "prefill_stats", None) if req is not None else None
+                loaded += getattr(stats, "num_external_cached_tokens", 0) or 0
+            fit = self.__dict__.setdefault("_baton_fit", StepFit())
+            fit.observe(time.perf_counter() - t0, so.total_num_scheduled_tokens, loaded)
+        return out
+    wrapper.__baton_timed__ = True
+    return wrapper
 
 
 def baton_load(core) -> dict:
@@ -49,9 +94,20 @@ def baton_load(core) -> dict:
     pool = sched.kv_cache_manager.block_pool
     waiting = list(getattr(sched, "waiting", ())) + list(getattr(sched, "kv_holding_waiting", ()))
     oldest = min((r.arrival_time for r in waiting if getattr(r, "arrival_time", None)), default=None)
-    return {"running": len(sched.running), "waiting": len(waiting),
-            "kv_free_blocks": int(pool.get_num_free_blocks()), "kv_blocks": int(pool.num_gpu_blocks),
-            "oldest_wait_s": round(max(0.0, time.time() - oldest), 3) if oldest else 0.0}
+    out = {"running": len(sched.running), "waiting": len(waiting),
+           "kv_free_blocks": int(pool.get_num_free_blocks()), "kv_blocks": int(pool.num_gpu_blocks),
+           "oldest_wait_s": round(max(0.0, time.time() - oldest), 3) if oldest else 0.0}
+    try:  # free blocks that cache nothing: what a request can store without evicting
+        out["kv_empty_blocks"] = sum(1 for b in pool.free_block_queue.get_all_free_blocks()
+                                     if getattr(b, "_block_hash", None) is None)
+    except AttributeError:
+        pass
+    fit = core.__dict__.get("_baton_fit")
+    rates = fit.rates() if fit is not None else None
+    if rates is not None and rates.steps >= MIN_FIT_STEPS:
+        out.update(prefill_s_per_token=rates.compute_s_per_token, load_s_per_token=rates.load_s_per_token,
+                   step_s=rates.base_s, fit_steps=rates.steps)
+    return out
 
 
 def limit_spin(seconds: float) -> None:

@@ -137,6 +137,20 @@ def session_routes(results) -> dict:
     return dict(sorted(out.items()))
 
 
+def moves(results) -> dict:
+    """The turns whose pin the router moved (route `moved`): each one's predicted wait where it
+    stayed and where it went (routing/cost.py, from its `baton` object) against its measured
+    TTFT, and how many paid for themselves (measured TTFT below the predicted stay). Changes
+    nothing."""
+    moved = [r for r in results if r.ok and r.turn > 0 and r.baton and r.baton.get("route") == "moved"]
+    rows = [{"stay_s": r.baton.get("stay_s"), "predicted_s": r.baton.get("predicted_s"),
+             "ttft_s": round(r.ttft_s, 4)} for r in moved]
+    priced = [x for x in rows if x["stay_s"] is not None]
+    paid = sum(x["ttft_s"] < x["stay_s"] for x in priced)
+    return {"moves": len(rows), "paid": paid, "paid_share": round(paid / len(priced), 3) if priced else None,
+            "each": rows}
+
+
 def routing_counts(metrics_text: str) -> dict:
     """The fronts' routing decisions by pool and reason, and session pins moved, from a
     /metrics page (`baton_route_decisions_total`, `baton_repins_total`); changes nothing."""
@@ -190,7 +204,8 @@ def _measure(config: Path, args, seed: int, label: str) -> tuple[dict, list]:
         routing = _fetch_routing_counts(stack.url)  # why requests went where they went
     finally:
         stack.stop()
-    stats = {**turn_stats(results), "routing": routing, "turn2plus_routes": session_routes(results)}
+    stats = {**turn_stats(results), "routing": routing, "turn2plus_routes": session_routes(results),
+             "moves": moves(results)}
     print(json.dumps({"run": label, **stats}), file=sys.stderr, flush=True)
     return stats, results
 
@@ -213,7 +228,7 @@ def _pool_runs(policies: list[str], per_repeat: list[dict], results: dict[str, l
             runs[policy] = dict(per_repeat[0][policy])
             continue
         runs[policy] = {**turn_stats(results[policy]), "turn2plus_routes": session_routes(results[policy]),
-                        "repeats": [rep[policy] for rep in per_repeat]}
+                        "moves": moves(results[policy]), "repeats": [rep[policy] for rep in per_repeat]}
     rr = runs.get("round_robin")
     if rr:
         keys = ("ttft_turn1_p50_s", "ttft_turn2plus_p50_s", "ttft_turn2plus_p90_s")
@@ -274,9 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             policies = args.policies.split(",")
             per_repeat: list[dict] = []
             results: dict[str, list] = {p: [] for p in policies}
-            for rep in range(args.repeats):  # the policies in turn, so drift touches each alike
+            for rep in range(args.repeats):  # the policies in turn (A B, then B A): drift touches each alike
                 per_repeat.append({})
-                for i, policy in enumerate(policies):
+                for i, policy in enumerate(policies if rep % 2 == 0 else policies[::-1]):
                     tag = f" (repeat {rep + 1}/{args.repeats})" if args.repeats > 1 else ""
                     per_repeat[-1][policy], res = _measure(
                         _config(workdir, model, args, layout, pool, policy, rep), args,

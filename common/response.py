@@ -28,6 +28,10 @@ class BatonInfo:
     prefill_cached_tokens: int | None = None
     # Prompt tokens the decode engine did not compute: its own cache or loaded from Mooncake.
     decode_cached_tokens: int = 0
+    # The router's cost (routing/cost.py): predicted seconds until the prompt is computed on
+    # the chosen replica, and on the session's pinned one (a move's "stay"); None where not priced.
+    predicted_s: float | None = None
+    stay_s: float | None = None
 
     def cached_tokens(self) -> int:
         """OpenAI's `cached_tokens`: prompt tokens this request did not compute.
@@ -41,10 +45,10 @@ class BatonInfo:
         """The JSON object; changes nothing."""
         out: dict = {}
         for key in ("route", "decode_only", "predicted_cached_tokens", "prefill_replica",
-                    "decode_replica", "retried_after", "first_token"):
+                    "decode_replica", "retried_after", "first_token", "predicted_s", "stay_s"):
             value = getattr(self, key)
             if value is not None:
-                out[key] = value
+                out[key] = round(value, 4) if isinstance(value, float) else value
         out["prefill_cached_tokens"] = self.prefill_cached_tokens
         out["decode_cached_tokens"] = self.decode_cached_tokens
         return out

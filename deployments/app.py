@@ -16,7 +16,7 @@ from pathlib import Path
 from ray import serve
 from ray.serve import Application
 
-from actors.vllm_plugin import SPIN_ENV
+from actors.vllm_plugin import FIT_ENV, SPIN_ENV
 from common.engine_threads import THREAD_KEYS
 from common.config import BatonConfig, PoolConfig
 from deployments.kv_indexer import KVIndexer
@@ -28,8 +28,9 @@ def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
 
 
 def _plugin_env(pool: PoolConfig) -> dict[str, str]:
-    """Settings for Baton's vLLM plugin in this pool's engine processes."""
-    return {} if pool.shm_spin_s is None else {SPIN_ENV: str(pool.shm_spin_s)}
+    """Settings for Baton's vLLM plugin in this pool's engine processes: the spin cap, and
+    the step timing that measures the engine's rates for routing."""
+    return {FIT_ENV: "1", **({} if pool.shm_spin_s is None else {SPIN_ENV: str(pool.shm_spin_s)})}
 
 
 def _threads(pool: PoolConfig, threads: dict[str, str]) -> dict[str, str]:

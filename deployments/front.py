@@ -265,6 +265,7 @@ class Front:
             self.metrics.decisions.labels("decode", "fallback").inc()
         info.route, info.decode_only = route.reason, route.decode_only
         info.predicted_cached_tokens = route.predicted_cached_tokens
+        info.predicted_s, info.stay_s = route.predicted_s, route.stay_s
         self.routing.started(route)
         if not route.decode_only:
             if route.prefill_url:
@@ -319,6 +320,7 @@ class Front:
                         request_id: str, extra: list, done) -> None:
         raw = json.dumps(body).encode()
         remote = route is not None and route.decode_replica != self.replica and route.decode_url
+        on_first = (lambda: self.routing.computed(route)) if route is not None and self.routing is not None else None
         trace = tracing.inject()
         if remote:
             headers = {"content-type": "application/json", INFO_HEADER.decode(): json.dumps(info.body()),
@@ -328,7 +330,7 @@ class Front:
                     headers[k.decode()] = v.decode()
             try:
                 await relay.run_remote(self.http, f"{route.decode_url}{scope['path']}", raw, headers, send, extra,
-                                       done, self.cfg.serve.request_timeout_s)
+                                       done, self.cfg.serve.request_timeout_s, on_first)
                 return
             except relay.UpstreamUnavailable as exc:
                 info.retried_after = str(exc).split(":")[0]
@@ -341,7 +343,7 @@ class Front:
                              (INFO_HEADER, json.dumps(info.body()).encode()),
                              (REQUEST_ID_HEADER.encode(), request_id.encode())]
         inner["headers"] += [(k.encode(), v.encode()) for k, v in trace.items()]
-        await relay.run_local(self.local, inner, raw, receive, send, extra, done)
+        await relay.run_local(self.local, inner, raw, receive, send, extra, done, on_first)
 
     # -- admission and accounting ----------------------------------------------------
 

@@ -21,9 +21,12 @@ _HOP = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b
 
 
 class Timing:
-    """When the answer started and ended, and how many SSE events it had."""
+    """When the answer started and ended, and how many SSE events it had.
 
-    def __init__(self) -> None:
+    `on_first` runs once, at the answer's first body bytes."""
+
+    def __init__(self, on_first: Callable[[], None] | None = None) -> None:
+        self.on_first = on_first
         self.started = time.monotonic()
         self.first_body: float | None = None
         self.ended: float | None = None
@@ -33,6 +36,8 @@ class Timing:
     def body(self, chunk: bytes) -> None:
         if chunk and self.first_body is None:
             self.first_body = time.monotonic()
+            if self.on_first is not None:
+                self.on_first()
         self.events += chunk.count(b"data: ")
 
 
@@ -56,12 +61,12 @@ async def _deliver(queue: asyncio.Queue, send, extra_headers: list) -> None:
 
 
 async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers: list,
-                    on_done: Callable[[Timing], None]) -> Timing:
+                    on_done: Callable[[Timing], None], on_first: Callable[[], None] | None = None) -> Timing:
     """Runs `app` on `body` in this process and streams its answer to `send`.
 
     `on_done` runs when `app` has produced its whole answer (generation ended).
     """
-    timing = Timing()
+    timing = Timing(on_first)
     queue: asyncio.Queue = asyncio.Queue()
     sent = False
 
@@ -92,7 +97,7 @@ async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers:
 
 async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
                      send, extra_headers: list, on_done: Callable[[Timing], None],
-                     timeout_s: float) -> Timing:
+                     timeout_s: float, on_first: Callable[[], None] | None = None) -> Timing:
     """POSTs `body` to another replica and streams its answer to `send`.
 
     Nothing reaches the client before the upstream's first body bytes (a
@@ -102,7 +107,7 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
     may run the request elsewhere. After that, a broken upstream ends the
     stream with an error event. `on_done` runs once the upstream answer ended.
     """
-    timing = Timing()
+    timing = Timing(on_first)
     queue: asyncio.Queue = asyncio.Queue()
     resp = None
     try:

@@ -8,8 +8,10 @@ pure policy then picks a decode replica and, unless the decode replica can
 get all but a few tokens of the prompt from its own cache or the Mooncake
 store (the request then runs decode-only), a prefill replica. Pin updates
 are written without waiting for them. Load per replica is what every live front has in flight
-there (or this front, if more), and how long its engine's oldest
-unscheduled request has waited.
+there (or this front, if more), the prefill blocks they sent it that it
+has not computed yet (its queue, which the policy's cost prices at the
+engine's measured rate), its empty KV blocks and rates from its heartbeat,
+and how long its engine's oldest unscheduled request has waited.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Route:
     decode_replica: str | None
     prefill_replica: str | None
     decode_only: bool
-    reason: str  # pinned | rebalanced | prefix | load | round_robin | no_replicas | fallback
+    reason: str  # pinned | moved | prefix | load | round_robin | no_replicas | fallback
     predicted_cached_tokens: int  # on the replica that computes the prompt
     repinned: bool = False
     prompt_blocks: int = 0
@@ -50,6 +52,9 @@ class Route:
     # Whether the index says the store holds more of the prompt than the prefill
     # engine's own cache: if not, the prefill engine skips its store lookup.
     prefill_lookup: bool = True
+    work: dict = field(default_factory=dict)  # pool -> prefill blocks this request adds to its replica's queue
+    predicted_s: float | None = None  # the cost's wait until the prompt is computed, on the chosen replica
+    stay_s: float | None = None  # the same on the session's pinned replica, where it had a live pin
 
 
 @dataclass
@@ -64,6 +69,8 @@ class _State:
     sessions: dict[str, dict[str, int]] = field(default_factory=dict)  # pool -> replica -> sessions
     placement: dict[str, int] = field(default_factory=dict)  # pool -> this placement's ticket
     reserved: dict[str, str] = field(default_factory=dict)  # pool -> replica that counts it meanwhile
+    # pool -> replica -> prefill blocks the fronts sent there that it has not computed yet
+    work: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # Places a session that has no live pin, atomically, so that fronts placing a burst of
@@ -99,12 +106,13 @@ class RequestRouting:
         self.bs = cfg.model.block_size
         self.redis = redis_client
         self.registry = redis_state.Registry(redis_client, cfg.routing.replica_timeout_s)
-        # Where the engines that compute prompts load prefixes from the pool, a session pin may
-        # yield to load: moving costs a load from the pool, not a recompute (routing/policy.py).
+        # Where the engines that compute prompts load prefixes from the pool, the cost prices what
+        # the pool holds as loads, not recompute (routing/cost.py).
         pooled = cfg.mooncake.colocated_pool if cfg.colocated else cfg.mooncake.prefix_reuse
         self.policy = BatonPolicy(PolicyConfig(shared_tier=STORE_REPLICA if pooled else None),
                                   rng=random.Random(cfg.routing.seed))
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
+        self.work: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         self.metrics = metrics
         self._pending: set[asyncio.Future] = set()
@@ -122,6 +130,8 @@ class RequestRouting:
             pipe.hgetall(redis_state.registry_key(pool))
         for pool in POOLS:
             pipe.hgetall(redis_state.inflight_key(pool))
+        for pool in POOLS:
+            pipe.hgetall(redis_state.work_key(pool))
         if session:
             for pool in POOLS:
                 pipe.get(redis_state.pin_key(pool, session))
@@ -129,17 +139,20 @@ class RequestRouting:
         n, k = 2 * len(hashes), len(POOLS)
         live = {pool: self.registry.fresh(redis_state.Registry.entries(res[n + i]), now)
                 for i, pool in enumerate(POOLS)}
-        inflight = {}
+        inflight, work = {}, {}
         for i, pool in enumerate(POOLS):  # every front is a decode replica
             inflight[pool], dead = redis_state.inflight_totals(res[n + k + i], live["decode"])
             if dead:
                 self._send(lambda p, pool=pool, dead=dead: p.hdel(redis_state.inflight_key(pool), *dead))
+            work[pool], dead = redis_state.inflight_totals(res[n + 2 * k + i], live["decode"], float)
+            if dead:
+                self._send(lambda p, pool=pool, dead=dead: p.hdel(redis_state.work_key(pool), *dead))
         pins = {pool: None for pool in POOLS}
         if session:
             for i, pool in enumerate(POOLS):
-                v = res[n + 2 * k + i]
+                v = res[n + 3 * k + i]
                 pins[pool] = v.decode() if isinstance(v, bytes) else v
-        return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins, inflight)
+        return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins, inflight, work=work)
 
     async def _read_placement(self, state: _State, session: str, now: float) -> None:
         """For each pool where `session` has no live pin (a new session, or its replica left):
@@ -171,11 +184,16 @@ class RequestRouting:
                 choice = min(names, key=lambda n: (self._load(pool, n, state),
                                                    (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
+        bs = self.bs
         loads = {n: ReplicaLoad(running=self._load(pool, n, state),
                                 capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
-                                free_kv_blocks=int(live[n].get("kv_free_blocks", 0)),
+                                free_kv_blocks=int(live[n].get("kv_empty_blocks", live[n].get("kv_free_blocks", 0))),
                                 oldest_wait_s=self._wait(live[n], now),
-                                sessions=state.sessions.get(pool, {}).get(n, 0)) for n in names}
+                                sessions=state.sessions.get(pool, {}).get(n, 0),
+                                queued_prefill_blocks=max(self.work[pool][n], state.work.get(pool, {}).get(n, 0.0)),
+                                prefill_s_per_block=float(live[n].get("prefill_s_per_token") or 0.0) * bs,
+                                load_s_per_block=float(live[n].get("load_s_per_token") or 0.0) * bs)
+                 for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool))
 
@@ -228,10 +246,14 @@ class RequestRouting:
         task.add_done_callback(self._written)
 
     def _publish(self, counts: dict[str, str]) -> None:
-        """Writes this front's in-flight count on each (pool, replica) in `counts`."""
-        self._send(lambda pipe: [pipe.hset(redis_state.inflight_key(pool),
-                                           redis_state.inflight_field(replica, self.front), self.inflight[pool][replica])
-                                 for pool, replica in counts.items()])
+        """Writes this front's in-flight count and queued prefill blocks on each (pool, replica)
+        in `counts`."""
+        def queue(pipe) -> None:
+            for pool, replica in counts.items():
+                f = redis_state.inflight_field(replica, self.front)
+                pipe.hset(redis_state.inflight_key(pool), f, self.inflight[pool][replica])
+                pipe.hset(redis_state.work_key(pool), f, round(max(0.0, self.work[pool][replica]), 2))
+        self._send(queue)
 
     def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)
@@ -256,12 +278,14 @@ class RequestRouting:
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
         route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes),
-                      decode_url=state.live["decode"][decode.replica].get("url"))
+                      decode_url=state.live["decode"][decode.replica].get("url"),
+                      predicted_s=decode.predicted_s, stay_s=decode.stay_s)
         prefill = None
         if len(prompt_ids) - reachable >= self.cfg.routing.decode_only_max_uncached_tokens:
             prefill = self._choose("prefill", req, state, now)
         if prefill is None:  # short uncached tail, or no prefill pool alive: decode computes it
             route.decode_only = True
+            route.work["decode"] = (len(prompt_ids) - reachable) / self.bs
         else:
             self._count("prefill", prefill)
             chosen["prefill"] = prefill.replica
@@ -271,6 +295,8 @@ class RequestRouting:
             reuse = store_held if self.cfg.mooncake.prefix_reuse else 0
             route.prefill_lookup = reuse > prefill.cached_blocks
             route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), len(prompt_ids))
+            route.work["prefill"] = (len(prompt_ids) - route.predicted_cached_tokens) / self.bs
+            route.predicted_s, route.stay_s = prefill.predicted_s, prefill.stay_s
         self._write_pins(session, chosen, state, now)
         return route
 
@@ -286,6 +312,7 @@ class RequestRouting:
         for pool, r in (("prefill", route.prefill_replica), ("decode", route.decode_replica)):
             if r:
                 self.inflight[pool][r] += 1
+                self.work[pool][r] += route.work.get(pool, 0.0)
                 route.in_flight.add(pool)
                 counted[pool] = r
         if counted:
@@ -293,9 +320,23 @@ class RequestRouting:
 
     def _release(self, route: Route, pool: str, replica: str | None) -> None:
         if pool in route.in_flight:
+            self._take_work(route, pool, replica)
             route.in_flight.discard(pool)
             self.inflight[pool][replica] -= 1
             self._publish({pool: replica})
+
+    def _take_work(self, route: Route, pool: str, replica: str | None) -> bool:
+        """Takes the request's prefill blocks off its replica's queue; whether there were any."""
+        blocks = route.work.pop(pool, 0.0) if pool in route.in_flight else 0.0
+        if blocks:
+            self.work[pool][replica] -= blocks
+        return bool(blocks)
+
+    def computed(self, route: Route) -> None:
+        """The decode replica sent its first token: the prompt it computed leaves its queue.
+        Calling it again, or after `finished`, changes nothing."""
+        if self._take_work(route, "decode", route.decode_replica):
+            self._publish({"decode": route.decode_replica})
 
     def prefill_done(self, route: Route) -> None:
         """Ends the prefill part; calling it again changes nothing."""

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-Reason = Literal["pinned", "rebalanced", "prefix", "load"]
+Reason = Literal["pinned", "moved", "prefix", "load"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,14 @@ class ReplicaLoad:
     many live sessions are pinned to the replica (0 where nobody counts them):
     what places a new session, since each one's context will compete for the
     replica's KV cache turn after turn.
+
+    The cost's inputs (routing/cost.py): ``free_kv_blocks`` is what the
+    replica can store without evicting anything cached;
+    ``queued_prefill_blocks`` is the prefill work ahead on it in blocks (None:
+    ``pending_blocks`` stands for it, as in the simulator);
+    ``prefill_s_per_block`` and ``load_s_per_block`` are its engine's
+    measured seconds per block computed and per block loaded from the shared
+    tier (0 where it has not measured them yet: the policy's defaults apply).
     """
 
     running: int = 0
@@ -49,24 +57,33 @@ class ReplicaLoad:
     pending_blocks: float = 0.0
     oldest_wait_s: float = 0.0
     sessions: int = 0
+    queued_prefill_blocks: float | None = None
+    prefill_s_per_block: float = 0.0
+    load_s_per_block: float = 0.0
 
 
 @dataclass(frozen=True)
 class RoutingDecision:
     """The chosen replica and why.
 
-    ``reason``: "pinned" (session pin honoured), "rebalanced" (the pin yielded
-    to load: a shared tier holds the prefix), "prefix" (chosen for its
-    cached prefix), or "load" (no useful cache; chosen for low load).
+    ``reason``: "pinned" (session pin honoured), "moved" (the pin moved:
+    another candidate costs less than staying, by the policy's margin),
+    "prefix" (chosen for its cached prefix), or "load" (no useful cache;
+    chosen for low load).
     ``cached_blocks`` is the leading run of the request's blocks the chosen
     replica holds per the index. ``repinned`` is True when a live session pin
-    was moved to another replica by this decision.
+    was moved to another replica by this decision. ``predicted_s`` is the
+    chosen replica's cost (routing/cost.py; None for a cold placement, which
+    compares no costs) and ``stay_s`` the pinned replica's, where the session
+    had a live pin.
     """
 
     replica: str
     reason: Reason
     cached_blocks: int = 0
     repinned: bool = False
+    predicted_s: float | None = None
+    stay_s: float | None = None
 
 
 def loads_in_blocks(loads: dict[str, ReplicaLoad]) -> bool:

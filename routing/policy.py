@@ -26,15 +26,16 @@
 #      per candidate: an overloaded replica is skipped, everyone else keeps
 #      their affinity. There is no fleet-wide "affinity off" switch, which is
 #      what sent upstream routers into hot spots and death spirals.
-#   2. Session pin: if the session is pinned to a live, non-overloaded
-#      replica, go there ("pinned"). Otherwise continue and re-pin at the end.
-#      With a shared tier (``shared_tier``: the index's name for a store that
-#      every candidate loads prefixes from, the Mooncake pool), a pin yields
-#      to load when the tier holds some of the prompt, and at least what the
-#      pinned replica holds, and the pinned replica has POOL_YIELD more in
-#      flight than the least loaded candidate: moving then costs one load from the pool,
-#      where staying queues behind the replica's other sessions. The session
-#      goes to the least loaded candidate ("rebalanced") and is re-pinned.
+#   2. Session pin: if the session is pinned to a live replica, price staying
+#      and every other candidate under the bound with one cost in seconds
+#      (routing/cost.py: queue ahead + blocks to compute + blocks to load from
+#      the shared tier + the evictions the stored blocks force, at each
+#      engine's measured rates). The pin moves ("moved", re-pinned) only
+#      when a candidate is cheaper than staying by MOVE_MARGIN and
+#      MOVE_MARGIN_BLOCKS of prefill; otherwise it stays ("pinned"), even on
+#      a replica over the bound: the bound sheds new work, and a pinned turn
+#      moved off it pays its whole context elsewhere, plus the evictions
+#      there, which the cost weighs against the queue it escapes.
 #   3. Prefix match in the index: held(r) = leading blocks r holds. Then the
 #      *shared head* of the prompt: popular = the longer of
 #        - the leading run held by at least POPULAR_FRACTION (and at least
@@ -47,9 +48,9 @@
 #      the first replica to hold the system prompt wins every new
 #      conversation and new replicas never warm up.
 #   4. If some non-overloaded candidate holds more than the popular run (a
-#      conversation-specific prefix): cost(r) = recompute(r) + ALPHA * load(r)
-#      with recompute(r) = blocks - max(held(r), popular); pick the cheapest
-#      among non-overloaded candidates, ties to the less loaded ("prefix").
+#      conversation-specific prefix): the cheapest by the same cost, the
+#      popular run credited to every candidate; ties to the less loaded
+#      ("prefix" when it holds more than the popular run, else "load").
 #   5. Cold request (nothing specific cached anywhere): power of two choices
 #      among non-overloaded candidates by load ("load"). A cold replica (KV
 #      more than COLD_FREE_FRACTION free, e.g. newly added) joins the draw as
@@ -69,40 +70,29 @@
 #   6. Pin the session (if any) to the choice; a moved pin is a re-pin.
 #
 # Thresholds (PolicyConfig), chosen from the trace sweep in
-# docs/router_benchmark.md:
-#   ALPHA = 0.03 recompute blocks per block of load in flight. Moving a
-#     conversation loses its cached blocks now *and* on every later turn, and
-#     leaves a dead copy behind, so load only moves it when the gap is large:
-#     a 10-block conversation moves when its replica has > 333 blocks (about
-#     33 s of prefill at the simulator's rate) more work queued than another.
-#     0 also works on this trace (the shared-head credit of step 3 keeps new
-#     replicas fed); the small positive value gives a replica that is hot
-#     but still under the bound a way to shed marginal traffic.
-#     At 8 x 2000 blocks, 0.1 loses 2-3 points of hit ratio to needless
-#     moves and 0.3 about 10.
+# docs/router_benchmark.md and the bench affinity runs in docs/benchmarks.md:
+#   MOVE_MARGIN = 0.25, MOVE_MARGIN_BLOCKS = 2: a pin moves when the
+#     destination costs at most 1/1.25 of staying, less two blocks of
+#     prefill. Costs are predictions from rates a few seconds old; a margin
+#     keeps a pin from flapping between two nearly equal replicas.
+#   DEFAULT_RATES: seconds per block computed and loaded for a replica that
+#     has not reported its own (the simulator's 10 blocks/s; a real engine
+#     reports its fit after its first steps, actors/vllm_plugin.py).
 #   OVERLOAD_RATIO = 2.0, OVERLOAD_SLACK_BLOCKS = 200: the per-candidate hard
 #     bound, 2x the mean load plus 20 s of prefill work. Above it a replica
-#     takes no pinned or prefix traffic until it drains. Tighter bounds
+#     takes no new sessions and no prefix traffic until it drains; its
+#     pinned sessions stay unless the cost says to move. Tighter bounds
 #     (1.3x + 30) break affinity on ordinary bursts and cost 4-8 points.
 #   OVERLOAD_SLACK_REQUESTS = 4, when loads are request counts (the real
 #     stack): an engine batches what it holds, so 3 requests against 0 is
-#     no runaway, yet with a slack of 2 it broke 6 of 24 pins in `bench
-#     affinity` (2 colocated replicas, 4 requests in flight, no pool) once
-#     the counts were exact, and each move recomputed a whole context
-#     (4.5-5.9 s against 1.5 s pinned). A real queue trips the wait bound.
-#   OVERLOAD_WAIT_S = 5: a queue 5 s longer than a peer's costs more than
-#     recomputing a 2k-token context elsewhere on a CPU engine (1-2 s), and
-#     is well past the engines' load reports' age (heartbeat_s / 2).
+#     no runaway.
+#   OVERLOAD_WAIT_S = 5: a queue 5 s longer than a peer's is a scheduler not
+#     admitting work; well past the engines' load reports' age.
 #   POPULAR_FRACTION = 0.5: a prefix held by half the candidates is popular.
 #   SHARED_FANOUT = 8: a block continued 8 different ways is a shared head.
 #     On the trace only ~20 blocks reach it; conversation blocks have 1-2
 #     children (a turn that branched). 2, 4, 8 and 16 are within 1 point.
 #   COLD_FREE_FRACTION = 0.5: a replica with more than half its KV free is cold.
-#   POOL_YIELD = 1 request (POOL_YIELD_BLOCKS = 50 when loads are blocks): with
-#     a pool, one more request in flight on the pinned replica than on
-#     another is enough to move: the bench affinity runs (docs/benchmarks.md)
-#     show the pool's loads cost about what a local hit does on these
-#     engines, while queueing behind one more prompt costs a whole prefill.
 #   Session pins use the pins' TTL (SessionPins.ttl_s, default 600 s).
 
 from __future__ import annotations
@@ -112,6 +102,7 @@ import random
 from dataclasses import dataclass
 
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest, loads_in_blocks, scalar_loads
+from routing.cost import Cost, Rates, price, rates_of, worth_moving
 from routing.prefix_index import PrefixIndex
 from routing.session_pins import SessionPins
 
@@ -120,7 +111,10 @@ from routing.session_pins import SessionPins
 class PolicyConfig:
     """Thresholds of the Baton policy; see the comment at the top of policy.py."""
 
-    alpha: float = 0.03
+    recompute_weight: float = 32.0
+    move_margin: float = 0.25
+    move_margin_blocks: float = 2.0
+    default_rates: Rates = Rates(prefill_s_per_block=0.1, load_s_per_block=0.005)
     overload_ratio: float = 2.0
     overload_slack_blocks: float = 200.0
     overload_slack_requests: float = 4.0  # when loads are request counts (no pending_blocks)
@@ -129,18 +123,16 @@ class PolicyConfig:
     popular_fraction: float = 0.5
     shared_fanout: int = 8
     shared_tier: str | None = None  # the index's holder name for a pool every candidate loads from
-    pool_yield_requests: float = 1.0
-    pool_yield_blocks: float = 50.0
 
     def __post_init__(self) -> None:
-        if self.alpha < 0:
-            raise ValueError("alpha must be >= 0")
+        if self.recompute_weight < 1.0:
+            raise ValueError("recompute_weight must be >= 1")
+        if self.move_margin < 0 or self.move_margin_blocks < 0:
+            raise ValueError("move margins must be >= 0")
         if self.overload_ratio < 1.0:
             raise ValueError("overload_ratio must be >= 1")
         if self.overload_slack_blocks < 0 or self.overload_slack_requests < 0 or self.overload_wait_s < 0:
             raise ValueError("overload slacks must be >= 0")
-        if self.pool_yield_requests <= 0 or self.pool_yield_blocks <= 0:
-            raise ValueError("pool yields must be > 0")
         if self.shared_fanout < 2:
             raise ValueError("shared_fanout must be >= 2")
         if not 0.0 < self.popular_fraction <= 1.0:
@@ -178,34 +170,36 @@ class BatonPolicy:
         if not load:
             raise ValueError("no live replica to route to")
         names = list(load)
-        under = self._under_bound(load, loads)
-        ok = [n for n in names if n in under] or names
+        ok = [n for n in names if n in self._under_bound(load, loads)] or names
 
         match = index.match(request.block_hashes)
         held = {n: match.get(n, 0) for n in names}
-
-        if request.session is not None:
-            pinned = pins.get(request.session, now)
-            if pinned in under:
-                lighter = self._pool_yield(pinned, held[pinned], match, load, loads, ok)
-                if lighter is None:
-                    return RoutingDecision(pinned, "pinned", held[pinned])
-                return RoutingDecision(lighter, "rebalanced", held[lighter], pins.pin(request.session, lighter, now))
-
         popular = max(
             self._popular_len([held[n] for n in ok]),
             index.shared_prefix_len(request.block_hashes, cfg.shared_fanout),
         )
+        tier = match.get(cfg.shared_tier, 0) if cfg.shared_tier is not None else 0
+
+        def cost(n: str) -> Cost:
+            return price(len(request.block_hashes), held[n], popular, tier, loads[n],
+                         rates_of(loads[n], cfg.default_rates), cfg.recompute_weight)
+
+        if request.session is not None:
+            pinned = pins.get(request.session, now)
+            if pinned in load:
+                choice, stay, moved = self._keep_or_move(pinned, ok, cost, load, loads[pinned])
+                if choice == pinned:
+                    return RoutingDecision(pinned, "pinned", held[pinned], False, stay.ttft_s, stay.ttft_s)
+                return RoutingDecision(choice, "moved", held[choice], pins.pin(request.session, choice, now),
+                                       moved.ttft_s, stay.ttft_s)
+
         best_specific = max(held[n] for n in ok) - popular
+        predicted = None
         if best_specific > 0:
-            n_blocks = len(request.block_hashes)
-
-            def cost(n: str) -> tuple[float, float]:
-                recompute = n_blocks - max(held[n], popular)
-                return recompute + cfg.alpha * load[n], load[n]
-
-            choice = min(ok, key=cost)
+            costs = {n: cost(n) for n in ok}
+            choice = min(ok, key=lambda n: (costs[n].total, load[n]))
             reason = "prefix" if held[choice] > popular else "load"
+            predicted = costs[choice].ttft_s
         else:
             choice = self._cold_choice(ok, load, loads, placement if request.session is not None else None)
             reason = "load"
@@ -213,7 +207,23 @@ class BatonPolicy:
         repinned = False
         if request.session is not None:
             repinned = pins.pin(request.session, choice, now)
-        return RoutingDecision(choice, reason, held[choice], repinned)
+        return RoutingDecision(choice, reason, held[choice], repinned, predicted)
+
+    def _keep_or_move(self, pinned: str, ok: list[str], cost, load: dict[str, float],
+                      pinned_load: ReplicaLoad) -> tuple[str, Cost, Cost]:
+        """Step 2: the pinned replica, or the cheapest other candidate under the bound where
+        moving beats staying by the margins; with the cost of staying and of the choice."""
+        cfg = self.config
+        stay = cost(pinned)
+        others = [n for n in ok if n != pinned]
+        if not others:
+            return pinned, stay, stay
+        costs = {n: cost(n) for n in others}
+        alt = min(others, key=lambda n: (costs[n].total, load[n]))
+        margin_s = cfg.move_margin_blocks * rates_of(pinned_load, cfg.default_rates).prefill_s_per_block
+        if worth_moving(stay, costs[alt], cfg.move_margin, margin_s):
+            return alt, stay, costs[alt]
+        return pinned, stay, stay
 
     def _under_bound(self, load: dict[str, float], loads: dict[str, ReplicaLoad]) -> set[str]:
         """The candidates within the overload bound (step 1): load against the others' mean (with
@@ -234,20 +244,6 @@ class BatonPolicy:
                     loads[n].oldest_wait_s <= least_wait + cfg.overload_wait_s:
                 out.add(n)
         return out
-
-    def _pool_yield(self, pinned: str, pinned_held: int, match: dict[str, int], load: dict[str, float],
-                    loads: dict[str, ReplicaLoad], ok: list[str]) -> str | None:
-        """The candidate a pin yields to (step 2), or None when it holds: no shared tier, the
-        tier holds nothing of the prompt or lacks part of what the pinned replica holds, or no
-        candidate is lighter by the yield."""
-        cfg = self.config
-        if cfg.shared_tier is None or match.get(cfg.shared_tier, 0) < max(1, pinned_held):
-            return None  # (a tier that holds none of it may just not be indexed yet)
-        margin = cfg.pool_yield_blocks if loads_in_blocks(loads) else cfg.pool_yield_requests
-        lighter = min((n for n in ok if n != pinned), key=lambda n: load[n], default=None)
-        if lighter is None or load[pinned] < load[lighter] + margin:
-            return None
-        return lighter
 
     def _popular_len(self, held: list[int]) -> int:
         """Leading blocks held by at least POPULAR_FRACTION of ``held``'s

@@ -133,6 +133,12 @@ def inflight_key(pool: str) -> str:
     return f"{P}inflight:{pool}"
 
 
+def work_key(pool: str) -> str:
+    """Prefill blocks each front has sent to each replica and not yet seen computed
+    (fields as `inflight_field`): the queue the router's cost prices."""
+    return f"{P}inflight_work:{pool}"
+
+
 def sessions_key(pool: str, replica: str) -> str:
     return f"{P}sessions:{pool}:{replica}"
 
@@ -145,7 +151,7 @@ def inflight_field(replica: str, front: str) -> str:
     return f"{replica} {front}"
 
 
-def inflight_totals(raw: dict, fronts: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+def inflight_totals(raw: dict, fronts: Iterable[str], cast=int) -> tuple[dict[str, int], list[str]]:
     """Requests in flight per replica, summed over the live `fronts`, from an HGETALL of
     `inflight_key`, and the fields of fronts not live (a dead front cannot take its counts
     back; a live one rewrites its field at its next change, as each field is an absolute count)."""
@@ -156,7 +162,7 @@ def inflight_totals(raw: dict, fronts: Iterable[str]) -> tuple[dict[str, int], l
         field = k.decode() if isinstance(k, bytes) else k
         replica, _, front = field.partition(" ")
         if front in live:
-            totals[replica] = totals.get(replica, 0) + max(0, int(v))
+            totals[replica] = totals.get(replica, 0) + max(0, cast(v))
         else:
             dead.append(field)
     return totals, dead

@@ -87,6 +87,7 @@ class SimReplica:
             capacity=self.cache.capacity,
             alive=self.alive,
             pending_blocks=pending,
+            prefill_s_per_block=1.0 / self.model.prefill_blocks_per_s,
         )
 
     def serve(self, req: TraceRequest, now: float) -> tuple[int, list[int], list[int]]:

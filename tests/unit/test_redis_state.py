@@ -237,7 +237,8 @@ def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
 
     moved = next(f"s{i}" for i, r in enumerate(routes) if r.decode_replica == "d1")
     sync.set(redis_state.pin_key("decode", moved), "d1")
-    sync.hset(redis_state.inflight_key("decode"), redis_state.inflight_field("d1", "d1"), 50)  # d1 overloaded
+    # 500 blocks of prefill queued on d1: staying costs that queue, moving a 10-token prompt nothing.
+    sync.hset(redis_state.work_key("decode"), redis_state.inflight_field("d1", "d1"), 500)
 
     async def repin(client):
         routing = RequestRouting(cfg, client, IngressMetrics(), "d2")

@@ -36,7 +36,7 @@ def test_least_loaded_picks_the_fewest_in_flight_and_takes_turns_among_equals():
 
 def test_load_is_what_the_fronts_have_in_flight_not_the_engines_stale_report():
     """Other fronts filled `a` (their counts in Redis); this front sent nothing anywhere, yet
-    least-loaded avoids `a`, and Baton's overload bound breaks a pin to it. An engine's count
+    least-loaded avoids `a`, and the prefill work they queued there moves Baton's pin off it. An engine's count
     from its last heartbeat (up to routing.heartbeat_s old) is not load: `c` reports 9 that
     have since finished, and is chosen like `b`."""
     live = {"decode": {"a": {"unfinished": 0}, "b": {"unfinished": 0}, "c": {"unfinished": 9}}, "prefill": {}}
@@ -45,10 +45,11 @@ def test_load_is_what_the_fronts_have_in_flight_not_the_engines_stale_report():
     least = _routing("least_loaded")
     assert {least._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(4)} == {"b", "c"}
     baton = _routing("baton")
-    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, fronts)
+    work = {"decode": {"a": 90.0}}
+    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, fronts, work=work)
     d = baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0)
     assert d.replica != "a" and d.repinned
-    fronts["decode"]["a"] = 1  # a drains: the pin holds again
+    fronts["decode"]["a"], work["decode"]["a"] = 1, 0.0  # a drains: the pin holds again
     assert baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0).replica == "a"
 
 

@@ -46,9 +46,10 @@ def test_overloaded_holder_falls_back_to_next_longest():
 def test_large_load_gap_moves_a_short_prefix():
     idx, pins, policy = setup()
     # SYSTEM,1 is held by two of four replicas: popular, credited to all.
-    # r1 saves 2 more blocks but has 100 more blocks of work: 0.03 * 100 > 2.
-    # Costs: r0 3 + 15, r1 1 + 12, r2 3 + 9, r3 3 + 15. r2 wins on load.
-    d = policy.route(RoutingRequest(REQ), loads(r0=500, r1=400, r2=300, r3=500), idx, pins, now=0)
+    # r1 saves 2 more blocks but has 200 more blocks of work queued. At the default 0.1 s a
+    # block, a computed block weighs 32 (recompute_weight) plus 32 for the block it evicts
+    # (no KV free): r1 1 * 6.4 + 40 s = 46.4, r2 3 * 6.4 + 20 s = 39.2. r2 wins on load.
+    d = policy.route(RoutingRequest(REQ), loads(r0=500, r1=400, r2=200, r3=500), idx, pins, now=0)
     assert (d.replica, d.reason, d.cached_blocks) == ("r2", "load", 2)
 
 
@@ -90,18 +91,19 @@ def test_shared_prefix_alone_does_not_starve_other_replicas():
     assert (d.replica, d.reason, d.cached_blocks) == ("r1", "load", 0)
 
 
-def test_session_pin_is_honoured_over_a_longer_prefix():
+def test_session_pin_is_honoured_over_a_slightly_shorter_queue():
     idx, pins, policy = setup()
-    pins.pin("s", "r0", now=0)
-    d = policy.route(RoutingRequest(REQ, session="s"), loads(r0=10, r1=10, r2=10, r3=10), idx, pins, now=1)
-    assert (d.replica, d.reason, d.cached_blocks, d.repinned) == ("r0", "pinned", 1, False)
+    pins.pin("s", "r1", now=0)
+    d = policy.route(RoutingRequest(REQ, session="s"), loads(r0=5, r1=30, r2=5, r3=5), idx, pins, now=1)
+    assert (d.replica, d.reason, d.cached_blocks, d.repinned) == ("r1", "pinned", 4, False)
+    assert d.predicted_s == d.stay_s == pytest.approx(3.0 + 0.1)  # 30 blocks queued, 1 to compute
 
 
 def test_pin_survives_another_replica_being_overloaded():
     idx, pins, policy = setup()
-    pins.pin("s", "r0", now=0)
+    pins.pin("s", "r1", now=0)
     d = policy.route(RoutingRequest(REQ, session="s"), loads(r0=10, r1=10, r2=5000, r3=10), idx, pins, now=1)
-    assert (d.replica, d.reason) == ("r0", "pinned")
+    assert (d.replica, d.reason) == ("r1", "pinned")
 
 
 def test_first_request_of_a_session_pins_it():
@@ -115,8 +117,9 @@ def test_overloaded_pin_moves_to_next_best_and_repins():
     idx, pins, policy = setup()
     pins.pin("s", "r1", now=0)
     d = policy.route(RoutingRequest(REQ, session="s"), loads(r0=10, r1=1070, r2=10, r3=10), idx, pins, now=1)
-    assert (d.replica, d.reason, d.cached_blocks, d.repinned) == ("r2", "prefix", 2, True)
+    assert (d.replica, d.reason, d.cached_blocks, d.repinned) == ("r2", "moved", 2, True)
     assert pins.get("s", now=2) == "r2" and pins.repins == 1
+    assert d.stay_s == pytest.approx(107.1) and d.predicted_s == pytest.approx(1.3)
 
 
 def test_dead_pin_moves_to_next_best_and_repins():
@@ -164,9 +167,11 @@ def test_high_fanout_head_is_not_a_reason_to_stick():
     assert (d.replica, d.reason, d.cached_blocks) == ("r0", "prefix", 2)
 
 
-@pytest.mark.parametrize("wait_a, expected", [(4.0, ("a", "pinned")), (8.0, ("b", "load"))])
+@pytest.mark.parametrize("wait_a, expected", [(8.0, ("a", "pinned")), (30.0, ("b", "moved"))])
 def test_a_queue_much_longer_than_a_peers_breaks_the_pin(wait_a, expected):
     # Same request counts; a's engine has left a request unscheduled for `wait_a` s, b's none.
+    # Moving recomputes 2 more blocks (each 0.1 s, weighed 32 and 32 more for what it evicts):
+    # 12.8 s more than staying, so 8 s of queue keeps the pin and 30 s moves it.
     idx, pins = PrefixIndex(), SessionPins()
     idx.apply_stored("a", [1, 2])
     pins.pin("s", "a", now=0)
@@ -205,10 +210,10 @@ def test_a_live_pin_and_a_specific_prefix_outrank_session_counts():
 
 
 @pytest.mark.parametrize("store, a, b, expected", [
-    (None, 2, 0, ("a", "pinned")),  # no shared tier: the pin holds
-    (3, 1, 1, ("a", "pinned")),  # the tier holds it, but a is no busier
-    (3, 2, 1, ("b", "rebalanced")),  # one more in flight on a: moving costs one pool load
-    (2, 2, 0, ("a", "pinned")),  # the tier lacks a block a holds: moving would recompute it
+    (None, 20, 0, ("a", "pinned")),  # no shared tier: 2 s of queue is less than recomputing 3 blocks
+    (3, 1, 1, ("a", "pinned")),  # the tier holds it, but a's queue is no longer
+    (3, 20, 0, ("b", "moved")),  # 2 s queued on a: moving costs three pool loads (15 ms)
+    (2, 20, 0, ("a", "pinned")),  # the tier lacks a block a holds: moving would recompute it
 ])
 def test_a_pin_yields_to_load_when_the_pool_holds_the_prefix(store, a, b, expected):
     idx, pins = PrefixIndex(), SessionPins()
@@ -217,7 +222,8 @@ def test_a_pin_yields_to_load_when_the_pool_holds_the_prefix(store, a, b, expect
         idx.apply_stored("pool", [1, 2, 3][:store])
     pins.pin("s", "a", now=0)
     policy = BatonPolicy(PolicyConfig(shared_tier="pool"), rng=random.Random(0))
-    lds = {"a": ReplicaLoad(running=a), "b": ReplicaLoad(running=b)}
+    lds = {"a": ReplicaLoad(running=1, queued_prefill_blocks=a, free_kv_blocks=10),
+           "b": ReplicaLoad(running=1, queued_prefill_blocks=b, free_kv_blocks=10)}
     d = policy.route(RoutingRequest((1, 2, 3, 4), "s"), lds, idx, pins, now=1)
     assert (d.replica, d.reason, d.repinned) == (*expected, expected[0] == "b")
     assert pins.get("s", now=2) == expected[0]

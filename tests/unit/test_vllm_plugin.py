@@ -64,6 +64,6 @@ def test_pool_config_sets_the_engines_env():
     from deployments.app import _plugin_env
 
     cfg = load_config(None, environ={})
-    assert _plugin_env(cfg.decode) == {vllm_plugin.SPIN_ENV: "0.002"}
+    assert _plugin_env(cfg.decode) == {vllm_plugin.SPIN_ENV: "0.002", vllm_plugin.FIT_ENV: "1"}
     cfg = load_config(None, environ={"BATON__DECODE__SHM_SPIN_S": "null"})
-    assert _plugin_env(cfg.decode) == {}
+    assert _plugin_env(cfg.decode) == {vllm_plugin.FIT_ENV: "1"}

@@ -1,0 +1,98 @@
+"""An engine's measured speeds, fitted from its own steps.
+
+Each engine step computes some tokens (prompt chunks and one token per
+running sequence) and may load some prompt tokens from the KV pool before
+it runs. On every step the engine hands `StepFit.observe` what the step did
+and how long it took; the fit keeps an exponentially weighted least-squares
+line
+
+    step seconds = base + compute × tokens computed + load × tokens loaded
+
+and reports `compute` and `load` per token: the prefill rate and the pool's
+load rate that routing/cost.py prices a candidate with. The same policy is
+then right on a slow CPU, a fast CPU and a GPU: nothing is a constant tuned
+on one machine.
+
+Pure logic: no clock, no engine; the caller passes each step's duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_DIMS = 3  # base, computed, loaded
+
+
+@dataclass(frozen=True)
+class StepRates:
+    """Seconds per token computed, per token loaded from the pool, and per step."""
+
+    compute_s_per_token: float
+    load_s_per_token: float
+    base_s: float
+    steps: int
+
+
+class StepFit:
+    """Exponentially weighted least squares of step time on (1, computed, loaded).
+
+    ``half_life`` steps: a step that many steps ago weighs half as much as the
+    latest, so the fit follows a machine whose speed changes (another
+    process taking a core) within seconds. ``ridge`` keeps the solve defined
+    before both token kinds have been seen (a pool that never loads reports a
+    load rate of 0, not noise).
+    """
+
+    def __init__(self, half_life: float = 200.0, ridge: float = 1e-6) -> None:
+        if half_life <= 0:
+            raise ValueError("half_life must be > 0")
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.ridge = ridge
+        self.steps = 0
+        self._xtx = [[0.0] * _DIMS for _ in range(_DIMS)]
+        self._xty = [0.0] * _DIMS
+
+    def observe(self, seconds: float, computed_tokens: int, loaded_tokens: int = 0) -> None:
+        """Adds one step. Changes the fit; ignores steps that computed and loaded nothing."""
+        if seconds < 0 or computed_tokens < 0 or loaded_tokens < 0:
+            raise ValueError("a step's time and token counts must be >= 0")
+        if computed_tokens == 0 and loaded_tokens == 0:
+            return
+        # Tokens in thousands keep the normal equations well conditioned.
+        x = (1.0, computed_tokens / 1000.0, loaded_tokens / 1000.0)
+        d = self.decay
+        for i in range(_DIMS):
+            self._xty[i] = d * self._xty[i] + x[i] * seconds
+            row = self._xtx[i]
+            for j in range(_DIMS):
+                row[j] = d * row[j] + x[i] * x[j]
+        self.steps += 1
+
+    def rates(self) -> StepRates | None:
+        """The current fit, or None before any step. Rates are clipped at 0."""
+        if self.steps == 0:
+            return None
+        a = [[self._xtx[i][j] + (self.ridge if i == j else 0.0) for j in range(_DIMS)] + [self._xty[i]]
+             for i in range(_DIMS)]
+        coef = _solve(a)
+        if coef is None:
+            return None
+        base, compute, load = coef
+        return StepRates(max(0.0, compute) / 1000.0, max(0.0, load) / 1000.0, max(0.0, base), self.steps)
+
+
+def _solve(a: list[list[float]]) -> list[float] | None:
+    """Gauss-Jordan with partial pivoting on an augmented n x (n+1) matrix; None if singular."""
+    n = len(a)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-15:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        p = a[col][col]
+        a[col] = [v / p for v in a[col]]
+        for r in range(n):
+            if r != col and a[r][col] != 0.0:
+                f = a[r][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col])]
+    return [a[r][n] for r in range(n)]
