@@ -84,3 +84,22 @@ def test_pool_runs_pool_repeats_and_keep_each_repeats_ratio():
     single = _pool_runs(["baton", "round_robin"], per_repeat[:1], results)
     assert "repeats" not in single["baton"] and single["ratio_to_round_robin"]["baton"]["ttft_turn2plus_p50_s"] == 0.5
     assert runs["baton"]["turn2plus_routes"]["reason/pinned"] == 4  # where the pooled turns went
+
+
+def test_moves_compare_each_moved_turns_ttft_with_the_predicted_stay(tmp_path):
+    from bench.affinity import moves
+    from bench.affinity_plot import plot
+
+    def turn(i, route, ttft, stay=None, predicted=None):
+        return RequestResult(i, f"s{i}", 1, ttft_s=ttft, baton={"route": route, "stay_s": stay, "predicted_s": predicted})
+    results = [turn(0, "moved", 1.0, stay=3.0, predicted=0.9), turn(1, "moved", 4.0, stay=3.0, predicted=1.0),
+               turn(2, "pinned", 2.0, stay=2.0, predicted=2.0), turn(3, "moved", 1.0),
+               RequestResult(4, "s4", 0, ttft_s=9.0, baton={"route": "moved", "stay_s": 1.0})]  # a first turn
+    out = moves(results)
+    assert (out["moves"], out["paid"], out["paid_share"]) == (3, 1, 0.5)  # the unpriced move is not judged
+    assert out["each"][0] == {"stay_s": 3.0, "predicted_s": 0.9, "ttft_s": 1.0}
+    assert moves([])["paid_share"] is None
+    doc = {"workload": {}, "pd": {"pool_on": {"baton": {**turn_stats(results), "moves": out},
+                                              "round_robin": turn_stats(results)}}}
+    plot([doc], tmp_path / "affinity.png")
+    assert (tmp_path / "affinity.png").stat().st_size > 0
