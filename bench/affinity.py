@@ -138,13 +138,14 @@ def session_routes(results) -> dict:
 
 
 def moves(results) -> dict:
-    """The turns whose pin the router moved (route `moved`): each one's predicted wait where it
-    stayed and where it went (routing/cost.py, from its `baton` object) against its measured
-    TTFT, and how many paid for themselves (measured TTFT below the predicted stay). Changes
-    nothing."""
-    moved = [r for r in results if r.ok and r.turn > 0 and r.baton and r.baton.get("route") == "moved"]
-    rows = [{"stay_s": r.baton.get("stay_s"), "predicted_s": r.baton.get("predicted_s"),
-             "ttft_s": round(r.ttft_s, 4)} for r in moved]
+    """The turns whose pin the router moved in some pool (`moved` in their `baton` object, or
+    route `moved`): the pools, each one's predicted wait had it stayed and where it went
+    (routing/cost.py) against its measured TTFT, and how many paid for themselves (measured
+    TTFT below the predicted stay). Changes nothing."""
+    moved = [r for r in results if r.ok and r.turn > 0 and r.baton
+             and (r.baton.get("moved") or r.baton.get("route") == "moved")]
+    rows = [{"pools": r.baton.get("moved") or ["decode"], "stay_s": r.baton.get("stay_s"),
+             "predicted_s": r.baton.get("predicted_s"), "ttft_s": round(r.ttft_s, 4)} for r in moved]
     priced = [x for x in rows if x["stay_s"] is not None]
     paid = sum(x["ttft_s"] < x["stay_s"] for x in priced)
     return {"moves": len(rows), "paid": paid, "paid_share": round(paid / len(priced), 3) if priced else None,

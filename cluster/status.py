@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from urllib.parse import urlparse
 from dataclasses import asdict, dataclass
@@ -19,7 +20,7 @@ from cluster.launcher import state_file
 from common.processes import pid_alive
 from kvstore import health as kv_health
 from kvstore.spill import dir_usage
-from routing.redis_state import INDEXER_STATS_KEY
+from routing.redis_state import INDEXER_STATS_KEY, Registry, registry_key
 
 
 @dataclass
@@ -50,6 +51,32 @@ def _indexer(cfg: BatonConfig) -> Component | None:
         return Component("kv-indexer", "degraded", "no counts in Redis yet")
     detail = ", ".join(f"{k.decode().replace('_', ' ')} {int(v)}" for k, v in sorted(raw.items()))
     return Component("kv-indexer", "healthy", detail)
+
+
+def _engines(cfg: BatonConfig) -> list[Component]:
+    """One line per routed engine from its registry entry: its load and the rates its steps
+    measured (actors/vllm_plugin.py), which the router prices candidates with; [] when
+    nothing routes."""
+    if not cfg.routes():
+        return []
+    try:
+        client = cfg.redis.client(socket_timeout=2)
+        pools = {pool: Registry.entries(client.hgetall(registry_key(pool))) for pool in ("prefill", "decode")}
+    except Exception as exc:  # noqa: BLE001
+        return [Component("engines", "down", str(exc))]
+    out = []
+    registry = Registry(None, cfg.routing.replica_timeout_s)
+    for pool, entries in pools.items():
+        fresh = registry.fresh(entries, time.time())
+        for name, e in sorted(entries.items()):
+            rates = ("rates not measured yet" if not e.get("prefill_s_per_token") else
+                     f"prefill {1000 * e['prefill_s_per_token']:.3f} ms/token, "
+                     f"pool load {1000 * e.get('load_s_per_token', 0):.4f} ms/token, "
+                     f"step {1000 * e.get('step_s', 0):.1f} ms ({e.get('fit_steps', 0)} steps)")
+            out.append(Component(f"{pool}:{name}"[:16], "healthy" if name in fresh else "down",
+                                 f"running {e.get('running', 0)}, waiting {e.get('waiting', 0)}, "
+                                 f"KV empty {e.get('kv_empty_blocks', '?')}/{e.get('kv_blocks', '?')} blocks; {rates}"))
+    return out
 
 
 def _mooncake(cfg: BatonConfig) -> Component:
@@ -111,6 +138,7 @@ def collect(cfg: BatonConfig) -> dict:
     comps.extend(_serve(state["ray_address"]))
     if (indexer := _indexer(cfg)) is not None:
         comps.append(indexer)
+    comps.extend(_engines(cfg))
     comps.append(_http(state["url"]))
     return {
         "running": True,

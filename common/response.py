@@ -29,9 +29,10 @@ class BatonInfo:
     # Prompt tokens the decode engine did not compute: its own cache or loaded from Mooncake.
     decode_cached_tokens: int = 0
     # The router's cost (routing/cost.py): predicted seconds until the prompt is computed on
-    # the chosen replica, and on the session's pinned one (a move's "stay"); None where not priced.
+    # the chosen replicas, and on the session's pinned ones (a move's "stay"); None where not priced.
     predicted_s: float | None = None
     stay_s: float | None = None
+    moved: list | None = None  # pools whose session pin moved to another replica
 
     def cached_tokens(self) -> int:
         """OpenAI's `cached_tokens`: prompt tokens this request did not compute.
@@ -45,7 +46,7 @@ class BatonInfo:
         """The JSON object; changes nothing."""
         out: dict = {}
         for key in ("route", "decode_only", "predicted_cached_tokens", "prefill_replica",
-                    "decode_replica", "retried_after", "first_token", "predicted_s", "stay_s"):
+                    "decode_replica", "retried_after", "first_token", "predicted_s", "stay_s", "moved"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = round(value, 4) if isinstance(value, float) else value

@@ -265,7 +265,7 @@ class Front:
             self.metrics.decisions.labels("decode", "fallback").inc()
         info.route, info.decode_only = route.reason, route.decode_only
         info.predicted_cached_tokens = route.predicted_cached_tokens
-        info.predicted_s, info.stay_s = route.predicted_s, route.stay_s
+        info.predicted_s, info.stay_s, info.moved = route.predicted_s, route.stay_s, route.moved or None
         self.routing.started(route)
         if not route.decode_only:
             if route.prefill_url:

@@ -53,8 +53,12 @@ class Route:
     # engine's own cache: if not, the prefill engine skips its store lookup.
     prefill_lookup: bool = True
     work: dict = field(default_factory=dict)  # pool -> prefill blocks this request adds to its replica's queue
-    predicted_s: float | None = None  # the cost's wait until the prompt is computed, on the chosen replica
-    stay_s: float | None = None  # the same on the session's pinned replica, where it had a live pin
+    # The cost's predicted wait (routing/cost.py), summed over the pools the request uses: on the
+    # chosen replicas, and on the session's pinned ones (the chosen where it had none); None
+    # where a pool placed it cold, which compares no costs. `moved`: pools whose pin moved.
+    predicted_s: float | None = None
+    stay_s: float | None = None
+    moved: list = field(default_factory=list)
 
 
 @dataclass
@@ -185,6 +189,7 @@ class RequestRouting:
                                                    (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         bs = self.bs
+        store_rate = self._store_rate(state)
         loads = {n: ReplicaLoad(running=self._load(pool, n, state),
                                 capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
                                 free_kv_blocks=int(live[n].get("kv_empty_blocks", live[n].get("kv_free_blocks", 0))),
@@ -192,10 +197,20 @@ class RequestRouting:
                                 sessions=state.sessions.get(pool, {}).get(n, 0),
                                 queued_prefill_blocks=max(self.work[pool][n], state.work.get(pool, {}).get(n, 0.0)),
                                 prefill_s_per_block=float(live[n].get("prefill_s_per_token") or 0.0) * bs,
-                                load_s_per_block=float(live[n].get("load_s_per_token") or 0.0) * bs)
+                                load_s_per_block=float(live[n].get("load_s_per_token") or store_rate) * bs)
                  for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool))
+
+    @staticmethod
+    def _store_rate(state: _State) -> float:
+        """Seconds per token loaded from the store, the mean of what the live engines that load
+        from it measured (in any pool: a load's speed is the store's and the wire's); 0 when none
+        has. What an engine that has not loaded yet is priced with: a prefill engine whose
+        sessions never moved has never loaded, and a guessed rate would decide its first move."""
+        rates = [float(e["load_s_per_token"]) for pool in POOLS for e in state.live[pool].values()
+                 if e.get("load_s_per_token")]
+        return sum(rates) / len(rates) if rates else 0.0
 
     def _load(self, pool: str, replica: str, state: _State) -> int:
         """Requests on `replica`: what every live front had in flight there at this decision's
@@ -278,8 +293,7 @@ class RequestRouting:
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
         route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes),
-                      decode_url=state.live["decode"][decode.replica].get("url"),
-                      predicted_s=decode.predicted_s, stay_s=decode.stay_s)
+                      decode_url=state.live["decode"][decode.replica].get("url"))
         prefill = None
         if len(prompt_ids) - reachable >= self.cfg.routing.decode_only_max_uncached_tokens:
             prefill = self._choose("prefill", req, state, now)
@@ -296,9 +310,17 @@ class RequestRouting:
             route.prefill_lookup = reuse > prefill.cached_blocks
             route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), len(prompt_ids))
             route.work["prefill"] = (len(prompt_ids) - route.predicted_cached_tokens) / self.bs
-            route.predicted_s, route.stay_s = prefill.predicted_s, prefill.stay_s
         self._write_pins(session, chosen, state, now)
+        self._predictions(route, [d for d in (decode, prefill) if d is not None])
         return route
+
+    @staticmethod
+    def _predictions(route: Route, decisions: list[RoutingDecision]) -> None:
+        """Sets the route's predicted waits and moved pools from its pools' decisions."""
+        route.moved = [pool for pool, d in zip(POOLS, decisions) if d.reason == "moved"]
+        if all(d.predicted_s is not None for d in decisions):
+            route.predicted_s = sum(d.predicted_s for d in decisions)
+            route.stay_s = sum(d.predicted_s if d.stay_s is None else d.stay_s for d in decisions)
 
     def _count(self, pool: str, d: RoutingDecision) -> None:
         reason = d.reason if self.cfg.routing.policy == "baton" else self.cfg.routing.policy

@@ -142,6 +142,8 @@ def test_status_reports_every_component_healthy(stack):
     assert out.returncode == 0, out.stdout + out.stderr
     for name in ("redis", "mooncake", "ray", "pool:prefill", "pool:decode", "endpoint"):
         assert names[name] == "healthy"
+    # each routed engine, with its load and the rates the router prices it with
+    assert {n.split(":")[0] for n in names if n.startswith(("prefill:", "decode:"))} == {"prefill", "decode"}
 
 
 def test_prefill_hands_over_when_the_worker_says_its_kv_is_saved(stack):

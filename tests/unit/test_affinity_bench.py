@@ -97,7 +97,9 @@ def test_moves_compare_each_moved_turns_ttft_with_the_predicted_stay(tmp_path):
                RequestResult(4, "s4", 0, ttft_s=9.0, baton={"route": "moved", "stay_s": 1.0})]  # a first turn
     out = moves(results)
     assert (out["moves"], out["paid"], out["paid_share"]) == (3, 1, 0.5)  # the unpriced move is not judged
-    assert out["each"][0] == {"stay_s": 3.0, "predicted_s": 0.9, "ttft_s": 1.0}
+    assert out["each"][0] == {"pools": ["decode"], "stay_s": 3.0, "predicted_s": 0.9, "ttft_s": 1.0}
+    prefill_moved = RequestResult(5, "s5", 2, ttft_s=1.0, baton={"route": "pinned", "moved": ["prefill"], "stay_s": 2.0})
+    assert moves([prefill_moved])["each"][0]["pools"] == ["prefill"]
     assert moves([])["paid_share"] is None
     doc = {"workload": {}, "pd": {"pool_on": {"baton": {**turn_stats(results), "moves": out},
                                               "round_robin": turn_stats(results)}}}

@@ -67,3 +67,25 @@ def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
     live["decode"]["b"]["kv_free_blocks"] = 10  # nobody cold: the two-choice draw sometimes misses b
     picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(40)}
     assert picks != {"b"}
+
+
+def test_engines_that_never_loaded_are_priced_at_the_stores_measured_rate():
+    """The decode engines measured 0.1 ms a token loaded from the store; prefill engines whose
+    sessions never moved have not loaded anything: their pin yields to a queue at that rate
+    (16 tokens a block), not at a guess. The route's predicted waits sum its pools'."""
+    from deployments.request_routing import Route
+    from routing.contracts import RoutingDecision
+
+    live = {"decode": {"d": {"load_s_per_token": 0.0001, "prefill_s_per_token": 0.002}},
+            "prefill": {"a": {"prefill_s_per_token": 0.002}, "b": {"prefill_s_per_token": 0.002}}}
+    assert RequestRouting._store_rate(_State(IndexSnapshot([], [], []), live, {}, {})) == 0.0001
+    routing = _routing("baton")
+    routing.policy.config = type(routing.policy.config)(shared_tier="pool")
+    snap = IndexSnapshot([1, 2, 3], [{"a", "pool"}, {"a", "pool"}, {"a", "pool"}], [0, 0, 0])
+    state = _State(snap, live, {"decode": None, "prefill": "a"}, {"decode": {}, "prefill": {}},
+                   work={"prefill": {"a": 40.0}})
+    d = routing._choose("prefill", RoutingRequest((1, 2, 3, 4), session="s"), state, 0.0)
+    assert (d.replica, d.reason) == ("b", "moved")  # 40 blocks queued (1.3 s) against 3 loads (5 ms)
+    route = Route("d", "b", False, "pinned", 0)
+    RequestRouting._predictions(route, [RoutingDecision("d", "pinned", 3, False, 0.5, 0.5), d])
+    assert route.moved == ["prefill"] and route.stay_s == 0.5 + d.stay_s and route.predicted_s < route.stay_s
