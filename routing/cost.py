@@ -25,9 +25,9 @@ compounds (a moved turn's recompute queues the next turns, which then look
 cheaper elsewhere, and so on). So the choosing cost (`Cost.total`) prices
 computed and evicted blocks at `recompute_weight` times the prefill rate,
 the others' share being `Cost.others_s`. The trace simulator sets the
-weight (docs/router_benchmark.md): 1, pure own time, loses 12% of the hit
-ratio to moves that feed each other; 4, the M/G/1 externality at 75% busy,
-3%; 16 holds the pooled bound.
+weight (docs/router_benchmark.md): at 1, pure own time, the hit ratio
+loses 10-17 points to moves that feed each other; at 4, the M/G/1
+externality at 75% busy, 2-5; at 32 the conversation-trace targets hold.
 
 Dynamo's KV router scores `overlap weight × new prefill blocks + active
 blocks`; this is the same shape with both terms in seconds from measured
@@ -113,6 +113,9 @@ def price(n_blocks: int, held: int, credited: int, tier_held: int, load: Replica
 
 def worth_moving(stay: Cost, move: Cost, margin: float, margin_s: float) -> bool:
     """Whether a pinned session should leave for the candidate costing ``move``:
-    only when that is cheaper than staying by the relative ``margin`` and by
-    ``margin_s`` seconds, so that two nearly equal costs never flap a pin."""
-    return move.total * (1.0 + margin) + margin_s < stay.total
+    only when moving saves more than ``margin`` of the wait staying would cost
+    (``stay.ttft_s``) plus ``margin_s`` seconds, so that two nearly equal
+    costs never flap a pin. The margin is taken of the wait, not of the
+    totals: their share for the requests behind is often the same on both
+    sides (the same new blocks computed) and would swamp a relative margin."""
+    return stay.total - move.total > margin * stay.ttft_s + margin_s

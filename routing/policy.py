@@ -71,10 +71,10 @@
 #
 # Thresholds (PolicyConfig), chosen from the trace sweep in
 # docs/router_benchmark.md and the bench affinity runs in docs/benchmarks.md:
-#   MOVE_MARGIN = 0.25, MOVE_MARGIN_BLOCKS = 2: a pin moves when the
-#     destination costs at most 1/1.25 of staying, less two blocks of
-#     prefill. Costs are predictions from rates a few seconds old; a margin
-#     keeps a pin from flapping between two nearly equal replicas.
+#   MOVE_MARGIN = 0.25, MOVE_MARGIN_BLOCKS = 2: a pin moves when moving
+#     saves more than a quarter of the wait staying would cost, plus two
+#     blocks of prefill. Costs are predictions from rates a few seconds old;
+#     a margin keeps a pin from flapping between two nearly equal replicas.
 #   DEFAULT_RATES: seconds per block computed and loaded for a replica that
 #     has not reported its own (the simulator's 10 blocks/s; a real engine
 #     reports its fit after its first steps, actors/vllm_plugin.py).
