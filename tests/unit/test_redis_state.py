@@ -140,6 +140,9 @@ def test_prefill_looks_up_the_store_only_when_the_index_says_it_holds_more(clien
     assert held.prefill_lookup is True and held.predicted_cached_tokens == 4 * 32
     RedisIndex(sync).apply_stored("p1", hashes[:5])  # the prefill engine's own cache holds more
     assert route().prefill_lookup is False
+    # ... unless prompts are queued ahead on it, which may evict some of it first
+    sync.hset(redis_state.work_key("prefill"), redis_state.inflight_field("p1", "d1"), 12.5)
+    assert route().prefill_lookup is True
 
 
 def test_registry_drops_stale_heartbeats(clients):
