@@ -73,9 +73,10 @@ class RoutingDecision:
     ``cached_blocks`` is the leading run of the request's blocks the chosen
     replica holds per the index. ``repinned`` is True when a live session pin
     was moved to another replica by this decision. ``predicted_s`` is the
-    chosen replica's cost (routing/cost.py; None for a cold placement, which
-    compares no costs) and ``stay_s`` the pinned replica's, where the session
-    had a live pin.
+    request's predicted wait on the chosen replica (routing/cost.py
+    ``Cost.ttft_s``; None for a cold placement, which compares no costs) and
+    ``stay_s`` the same on the pinned replica, where the session had a live
+    pin.
     """
 
     replica: str
