@@ -97,9 +97,11 @@ def baton_load(core) -> dict:
     out = {"running": len(sched.running), "waiting": len(waiting),
            "kv_free_blocks": int(pool.get_num_free_blocks()), "kv_blocks": int(pool.num_gpu_blocks),
            "oldest_wait_s": round(max(0.0, time.time() - oldest), 3) if oldest else 0.0}
-    try:  # free blocks that cache nothing: what a request can store without evicting
-        out["kv_empty_blocks"] = sum(1 for b in pool.free_block_queue.get_all_free_blocks()
-                                     if getattr(b, "_block_hash", None) is None)
+    try:  # free blocks that cache nothing: what a request can store without evicting. O(1), as
+        # this runs on the engine loop: free minus cached is a lower bound (a cached block in use
+        # is not free), exact for a fresh engine and for one whose cache is full.
+        cached = len(pool.cached_block_hash_to_block._cache)
+        out["kv_empty_blocks"] = max(0, out["kv_free_blocks"] - cached)
     except AttributeError:
         pass
     fit = core.__dict__.get("_baton_fit")

@@ -67,3 +67,25 @@ def test_pool_config_sets_the_engines_env():
     assert _plugin_env(cfg.decode) == {vllm_plugin.SPIN_ENV: "0.002", vllm_plugin.FIT_ENV: "1"}
     cfg = load_config(None, environ={"BATON__DECODE__SHM_SPIN_S": "null"})
     assert _plugin_env(cfg.decode) == {vllm_plugin.FIT_ENV: "1"}
+
+
+def test_baton_load_reports_empty_blocks_and_the_fitted_rates():
+    """`baton_load` on a real vLLM BlockPool: a fresh pool is all empty; the rates appear once
+    the engine's StepFit has seen MIN_FIT_STEPS steps."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.block_pool import BlockPool
+
+    from routing.rates import StepFit
+
+    pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=16)
+    sched = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=pool), running=[], waiting=[])
+    core = SimpleNamespace(scheduler=sched)
+    out = vllm_plugin.baton_load(core)
+    assert (out["kv_blocks"], out["kv_free_blocks"], out["kv_empty_blocks"]) == (64, 63, 63)  # one null block
+    assert "prefill_s_per_token" not in out
+    core._baton_fit = fit = StepFit()
+    for i in range(vllm_plugin.MIN_FIT_STEPS):
+        fit.observe(0.01 + 0.002 * (100 + i), 100 + i)
+    out = vllm_plugin.baton_load(core)
+    assert abs(out["prefill_s_per_token"] - 0.002) < 1e-4 and out["fit_steps"] == vllm_plugin.MIN_FIT_STEPS
