@@ -81,7 +81,9 @@ def _timed(step):
                 req = sched.requests.get(new.req_id)
                 stats = getattr(req, "prefill_stats", None) if req is not None else None
                 loaded += getattr(stats, "num_external_cached_tokens", 0) or 0
-            fit = self.__dict__.setdefault("_baton_fit", StepFit())
+            fit = self.__dict__.get("_baton_fit")
+            if fit is None:  # made once, not per step (setdefault would build one every step)
+                fit = self._baton_fit = StepFit()
             fit.observe(time.perf_counter() - t0, so.total_num_scheduled_tokens, loaded)
         return out
     wrapper.__baton_timed__ = True

@@ -144,13 +144,12 @@ class RequestRouting:
         live = {pool: self.registry.fresh(redis_state.Registry.entries(res[n + i]), now)
                 for i, pool in enumerate(POOLS)}
         inflight, work = {}, {}
-        for i, pool in enumerate(POOLS):  # every front is a decode replica
-            inflight[pool], dead = redis_state.inflight_totals(res[n + k + i], live["decode"])
-            if dead:
-                self._send(lambda p, pool=pool, dead=dead: p.hdel(redis_state.inflight_key(pool), *dead))
-            work[pool], dead = redis_state.inflight_totals(res[n + 2 * k + i], live["decode"], float)
-            if dead:
-                self._send(lambda p, pool=pool, dead=dead: p.hdel(redis_state.work_key(pool), *dead))
+        for j, (out, key, cast) in enumerate(((inflight, redis_state.inflight_key, int),
+                                              (work, redis_state.work_key, float))):
+            for i, pool in enumerate(POOLS):  # every front is a decode replica
+                out[pool], dead = redis_state.inflight_totals(res[n + (j + 1) * k + i], live["decode"], cast)
+                if dead:
+                    self._send(lambda p, key=key(pool), dead=dead: p.hdel(key, *dead))
         pins = {pool: None for pool in POOLS}
         if session:
             for i, pool in enumerate(POOLS):
