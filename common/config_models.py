@@ -1,0 +1,72 @@
+"""The model catalogue: several models sharing one pool's replicas.
+
+`model:` stays the first model (and the only one when `models:` is empty);
+`models:` lists more. Every model in the catalogue has its own engine
+process on a replica when it is resident; the catalogue's memory budgets may
+add up to more than `catalogue.memory_gb` (overcommit), and only what fits is
+resident at once (routing/residency.py decides which; actors/model_host.py
+starts and stops the engines).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from common.config_base import _Strict
+from common.constants import REPO_ROOT
+
+CATALOGUE_DIR = REPO_ROOT / "models" / "catalogue"
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class GeneratedModel(_Strict):
+    size: str = Field("tiny", description="cluster/tiny_model.py size: tiny, small, medium, wide, deep or bench")
+    seed: int = Field(1234, ge=0, description="weights seed; the same seed gives the same bytes everywhere")
+
+
+class CatalogueModel(_Strict):
+    id: str = Field(description="model id clients send in `model`")
+    path: str | None = Field(
+        None, description="HF-format checkpoint directory; null generates one locally from `generate` "
+        "into models/catalogue/<id>")
+    generate: GeneratedModel = Field(default_factory=GeneratedModel)
+    kv_cache_gb: float = Field(0.25, gt=0, description="KV cache of this model's engine, GiB")
+    memory_gb: float | None = Field(
+        None, gt=0, description="what the model holds while resident (weights plus KV cache), GiB; "
+        "null: its checkpoint's size plus kv_cache_gb")
+    engine_args: dict[str, Any] = Field(default_factory=dict,
+                                        description="extra vLLM AsyncEngineArgs for this model's engines")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.match(v):
+            raise ValueError("must be 1-128 letters, digits or ._:- and start with a letter or digit")
+        return v
+
+    def resolved_path(self) -> Path:
+        return Path(self.path).expanduser().resolve() if self.path else CATALOGUE_DIR / self.id
+
+    def budget_bytes(self) -> int:
+        """The memory the model is counted for while resident (reads the checkpoint's size)."""
+        if self.memory_gb is not None:
+            return int(self.memory_gb * 2**30)
+        weights = sum(f.stat().st_size for f in self.resolved_path().glob("*.safetensors"))
+        return weights + int(self.kv_cache_gb * 2**30)
+
+
+class CatalogueConfig(_Strict):
+    memory_gb: float | None = Field(
+        None, gt=0, description="memory each replica gives the catalogue's models, GiB; budgets beyond it "
+        "are overcommit (only what fits is resident, the rest wakes on demand); null: all resident")
+    min_resident_s: float = Field(
+        30, ge=0, description="a woken model stays at least this long before another may evict it "
+        "(hysteresis: two models never swap faster than this)")
+    demand_half_life_s: float = Field(60, gt=0, description="half-life of the request rate residency weighs")
+    standby: bool = Field(
+        True, description="keep a process with vLLM's engine modules imported, from which cold engines "
+        "fork (actors/fast_start.py): a wake then costs seconds, not a Python start")

@@ -1,0 +1,151 @@
+"""Which models of an overcommitted catalogue are resident: routing/residency.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from routing.residency import Plan, Residency
+
+
+def pool(capacity: int = 100, min_resident_s: float = 30.0, **budgets: int) -> Residency:
+    return Residency(capacity, budgets or {"a": 50, "b": 50, "c": 50}, min_resident_s=min_resident_s)
+
+
+def apply(r: Residency, p: Plan, now: float) -> None:
+    for v in p.evict:
+        r.evicted(v)
+    if p.wake:
+        r.woke(p.wake, now)
+
+
+def test_a_model_that_fits_wakes_without_eviction():
+    r = pool()
+    r.woke("a", 0.0)
+    assert r.plan("b", 1.0) == Plan("b", (), 0.0, "fits")
+    assert r.plan("a", 1.0) == Plan(None, (), 0.0, "resident")
+    assert (r.used_bytes(), r.free_bytes(), r.resident()) == (50, 50, ["a"])
+
+
+def test_least_recently_used_goes_first_when_demand_ties():
+    r = pool()
+    r.woke("a", 0.0)
+    r.woke("b", 1.0)
+    assert r.plan("c", 100.0) == Plan("c", ("a",), 0.0, "evict")
+
+
+def test_least_demand_goes_first_even_if_used_more_recently():
+    r = pool()
+    r.woke("a", 0.0)
+    r.woke("b", 0.0)
+    for _ in range(3):
+        r.request("a", 50.0)
+    r.request("b", 60.0)  # b is the more recently used, but has less demand
+    r.request("c", 100.0)
+    assert r.plan("c", 100.0) == Plan("c", ("b",), 0.0, "evict")
+
+
+def test_hysteresis_blocks_a_just_woken_model_and_says_exactly_how_long():
+    r = pool(capacity=50)
+    r.woke("a", 100.0)
+    assert r.plan("b", 110.0) == Plan(None, (), 20.0, "pinned")
+    assert r.plan("b", 130.0) == Plan("b", ("a",), 0.0, "evict")
+
+
+def test_wait_is_until_enough_victims_are_old_enough():
+    r = pool(a=50, b=50, c=100)
+    r.woke("a", 0.0)
+    r.woke("b", 20.0)
+    # c needs both; b is the later to become evictable, at 20 + 30.
+    assert r.plan("c", 25.0) == Plan(None, (), 25.0, "pinned")
+    assert r.plan("c", 50.0) == Plan("c", ("a", "b"), 0.0, "evict")
+
+
+def test_busy_models_are_never_evicted():
+    r = pool()
+    r.woke("a", 0.0)
+    r.woke("b", 0.0)
+    r.request("b", 50.0)
+    # a has the least demand, but it is busy: b goes instead.
+    assert r.plan("c", 100.0, busy={"a"}) == Plan("c", ("b",), 0.0, "evict")
+    assert r.plan("c", 100.0, busy={"a", "b"}) == Plan(None, (), math.inf, "pinned")
+
+
+def test_a_much_busier_model_is_kept_until_it_goes_idle():
+    r = pool(capacity=50)
+    r.woke("a", 0.0)
+    for t in range(100, 110):
+        r.request("a", float(t))
+    r.request("b", 110.0)
+    # a's demand is 10x b's and a was asked 1 s ago: evictable once idle for 30 s.
+    assert r.plan("b", 110.0) == Plan(None, (), 29.0, "pinned")
+    assert r.plan("b", 139.0) == Plan("b", ("a",), 0.0, "evict")
+
+
+def test_a_comparable_requester_may_evict_a_model_in_use():
+    r = pool(capacity=50)
+    r.woke("a", 0.0)
+    r.request("a", 100.0)
+    r.request("b", 100.0)
+    assert r.plan("b", 100.0) == Plan("b", ("a",), 0.0, "evict")
+
+
+def test_two_alternating_models_swap_at_most_once_per_min_resident():
+    r = pool(capacity=50, min_resident_s=30.0)
+    wakes: list[float] = []
+    for t in range(300):
+        now = float(t)
+        model = "ab"[t % 2]
+        r.request(model, now)
+        p = r.plan(model, now)
+        if p.wake:
+            apply(r, p, now)
+            wakes.append(now)
+    assert 2 <= len(wakes) <= 1 + 300 // 30
+    assert all(b - a >= 30.0 for a, b in zip(wakes, wakes[1:]))
+
+
+def test_a_model_bigger_than_the_pool_is_too_big():
+    r = pool(capacity=100, huge=101)
+    assert r.plan("huge", 0.0) == Plan(None, (), math.inf, "too_big")
+
+
+def test_woke_over_capacity_raises():
+    r = pool()
+    r.woke("a", 0.0)
+    r.woke("b", 0.0)
+    with pytest.raises(ValueError):
+        r.woke("c", 0.0)
+    assert r.resident() == ["a", "b"]
+    r.evicted("a")
+    r.woke("c", 1.0)
+    assert r.resident() == ["b", "c"]
+
+
+def test_demand_halves_after_half_life():
+    r = Residency(100, {"a": 10}, half_life_s=60.0)
+    assert r.demand("a", 0.0) == 0.0
+    r.request("a", 0.0)
+    first = r.demand("a", 0.0)
+    assert first == pytest.approx(math.log(2) / 60.0)
+    assert r.demand("a", 60.0) == pytest.approx(first / 2)
+    assert r.demand("a", 120.0) == pytest.approx(first / 4)
+
+
+def test_steady_arrivals_read_as_their_rate():
+    r = Residency(100, {"a": 10}, half_life_s=10.0)
+    for i in range(2000):
+        r.request("a", i * 0.5)  # 2 requests/s
+    assert r.demand("a", 999.5) == pytest.approx(2.0, rel=0.05)
+
+
+def test_plan_changes_nothing_and_unknown_models_raise():
+    r = pool(capacity=50)
+    r.woke("a", 0.0)
+    r.plan("b", 100.0)
+    assert r.resident() == ["a"]
+    for call in (lambda: r.plan("x", 0.0), lambda: r.request("x", 0.0),
+                 lambda: r.woke("x", 0.0), lambda: r.evicted("x"), lambda: r.demand("x", 0.0)):
+        with pytest.raises(KeyError):
+            call()
