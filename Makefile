@@ -33,8 +33,9 @@ shim: $(STAMP)
 	@$(BIN)/python -c "from cluster import loopback; print('    loopback shim:', loopback.build())"
 
 model: $(STAMP)
-	@echo "==> [3/3] default model"
+	@echo "==> [3/3] default model and the default catalogue (cluster/catalogue.yaml)"
 	@$(BIN)/baton model
+	@$(BIN)/baton --config cluster/catalogue.yaml model
 
 serve: install
 	$(BIN)/baton up

@@ -104,6 +104,12 @@ def validate(cfg: BatonConfig, source: str) -> None:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: set by Baton from `model`; remove it")
             if key not in known:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: not a vLLM engine argument")
+    for i, entry in enumerate(cfg.models):
+        for key in entry.engine_args:
+            field = f"models.{i}.engine_args.{key}"
+            if key in _OWNED or key not in known:
+                why = "set by Baton from the entry" if key in _OWNED else "not a vLLM engine argument"
+                raise ConfigError(f"invalid config in {source}:\n  {field}: {why}")
 
 
 def build(cfg: BatonConfig, role: Role, topic: str | None = None, replay_endpoint: str | None = None):

@@ -9,6 +9,16 @@ On the completion routes it
 - turns vLLM's error bodies into OpenAI's (`type` invalid_request_error and a
   string `code` such as context_length_exceeded or model_not_found).
 
+Each answer that reports usage reaches `on_usage(info, usage, tenant, model)`
+once, with the `usage` object as the client receives it (a stream's last
+one), and the tenant and model the front sent in `x-baton-tenant` and
+`x-baton-model`: the usage counters a bill is built on
+(deployments/metrics.py). The front asks vLLM for usage on every stream;
+`x-baton-hide-usage: 1` says its client did not ask, so the usage-only
+chunk (`"choices":[]`) is counted but not sent, and the chunks that end a
+choice get back the `system_fingerprint` vLLM puts on them only when it
+sends no usage chunk (they are held until that chunk, which follows them).
+
 Stream chunks without `usage` pass through as bytes: only a chunk that
 contains the bytes `"usage":{` is parsed. When the front already streamed
 the prefill engine's first token (deployments/first_token.py), the stream's
@@ -21,6 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from typing import Callable
+from urllib.parse import quote, unquote
 
 from common import tracing
 from common.constants import REQUEST_ID_HEADER
@@ -28,8 +39,15 @@ from common.response import BatonInfo
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 INFO_HEADER = b"x-baton-info"
+# Set by the front on every completion it forwards (a client's own copies are dropped):
+TENANT_HEADER = b"x-baton-tenant"  # the tenant, percent-encoded
+MODEL_HEADER = b"x-baton-model"  # the model the client asked for, percent-encoded
+HIDE_USAGE_HEADER = b"x-baton-hide-usage"  # "1": a stream whose client did not ask for usage
+USAGE_HEADERS = (TENANT_HEADER, MODEL_HEADER, HIDE_USAGE_HEADER)
 _USAGE = b'"usage":{'
 _ROLE = b'"delta":{"role":"assistant","content":""}'
+_FINISHED = b'"finish_reason":"'  # a chunk that ends a choice
+_FINGERPRINT = b'"system_fingerprint":'
 _INFO_FIELDS = {f.name for f in fields(BatonInfo)}
 
 
@@ -48,6 +66,24 @@ def read_info(headers: list[tuple[bytes, bytes]]) -> BatonInfo:
             except (ValueError, TypeError):
                 break
     return BatonInfo()
+
+
+def ask_usage(body: dict) -> bool:
+    """Makes a streamed request's `body` ask vLLM for usage; True when its client
+    had not asked (the Finisher then hides the usage chunk). Changes `body`."""
+    if body.get("stream") is not True:
+        return False
+    if (body.get("stream_options") or {}).get("include_usage") is True:
+        return False
+    # continuous_usage_stats does nothing without include_usage: left out, as for the client.
+    body["stream_options"] = {"include_usage": True}
+    return True
+
+
+def usage_headers(tenant: str, model: str, hide: bool) -> list[tuple[bytes, bytes]]:
+    """The headers that tell the Finisher whose answer it finishes (USAGE_HEADERS)."""
+    return [(TENANT_HEADER, quote(tenant, safe="").encode()), (MODEL_HEADER, quote(model, safe="").encode()),
+            (HIDE_USAGE_HEADER, b"1" if hide else b"0")]
 
 
 def openai_error(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
@@ -103,23 +139,20 @@ def _drop_role(chunk: bytes) -> bytes:
     return b"\n\n".join(e for e in chunk.split(b"\n\n") if not (e.startswith(b"data: {") and _ROLE in e))
 
 
-def _finish_sse(chunk: bytes, info: BatonInfo) -> tuple[bytes, int | None]:
-    """The chunk with its usage events finished, and the last prompt size seen."""
-    out, prompt_tokens = [], None
-    for event in chunk.split(b"\n\n"):
-        if _USAGE in event and event.startswith(b"data: {"):
-            obj = json.loads(event[6:])
-            prompt_tokens = finish_usage(obj, info)
-            event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
-        out.append(event)
-    return b"\n\n".join(out), prompt_tokens
+def _stamp(event: bytes, fingerprint) -> bytes:
+    """A chunk that ends a choice with vLLM's `system_fingerprint`, as vLLM stamps it
+    on those chunks when it sends no usage chunk."""
+    if not isinstance(fingerprint, str) or _FINISHED not in event or _FINGERPRINT in event \
+            or not event.endswith(b"}"):
+        return event
+    return event[:-1] + b"," + _FINGERPRINT + json.dumps(fingerprint).encode() + b"}"
 
 
 class Finisher:
     """Wraps vLLM's ASGI app; see the module docstring for what it changes."""
 
-    def __init__(self, app, replica: str, on_usage: Callable[[BatonInfo, int], None] | None = None):
-        """`on_usage(info, prompt_tokens)` runs once per answer that reported usage."""
+    def __init__(self, app, replica: str, on_usage: Callable[[BatonInfo, dict, str, str], None] | None = None):
+        """`on_usage(info, usage, tenant, model)` runs once per answer that reported usage."""
         self.app, self.replica, self.on_usage = app, replica, on_usage
 
     async def __call__(self, scope, receive, send):
@@ -134,13 +167,14 @@ class Finisher:
         for s in (span, kv):
             s.set_attribute("baton.request_id", header(headers, REQUEST_ID_HEADER.encode()))
             s.set_attribute("baton.replica", self.replica)
-        finishing = _FinishingSend(send, info, kv)
+        finishing = _FinishingSend(send, info, kv, hide_usage=header(headers, HIDE_USAGE_HEADER) == "1")
         try:
             await self.app(scope, receive, finishing)
         finally:
             finishing.end_kv()
-            if self.on_usage is not None and finishing.prompt_tokens is not None:
-                self.on_usage(info, finishing.prompt_tokens)
+            if self.on_usage is not None and finishing.usage is not None:
+                self.on_usage(info, finishing.usage, unquote(header(headers, TENANT_HEADER)) or "unknown",
+                              unquote(header(headers, MODEL_HEADER)) or "unknown")
             span.set_attribute("baton.cached_tokens", info.decode_cached_tokens)
             span.end()
 
@@ -148,9 +182,11 @@ class Finisher:
 class _FinishingSend:
     """The `send` handed to vLLM's app: rewrites what Finisher changes."""
 
-    def __init__(self, send, info: BatonInfo, kv_span):
+    def __init__(self, send, info: BatonInfo, kv_span, hide_usage: bool = False):
         self.send, self.info, self.kv_span = send, info, kv_span
-        self.prompt_tokens: int | None = None  # from the answer's usage, once seen
+        self.usage: dict | None = None  # the answer's (last) usage as sent, once seen
+        self.hide_usage = hide_usage
+        self.held: list[bytes] = []  # hidden usage: events from the first end of a choice on
         self.start: dict | None = None
         self.mode = "pass"  # pass | sse | json
         self.buffer: list[bytes] = []
@@ -175,10 +211,11 @@ class _FinishingSend:
             if self.drop_role and body:  # vLLM's first event is the role
                 body, self.drop_role = _drop_role(body), False
                 message = {**message, "body": body}
-            if _USAGE in body:
-                finished, prompt_tokens = _finish_sse(body, self.info)
-                self.prompt_tokens = prompt_tokens or self.prompt_tokens
-                message = {**message, "body": finished}
+            if _USAGE in body or (self.hide_usage and (self.held or _FINISHED in body)):
+                message = {**message, "body": self._finish_sse(body)}
+            if self.held and not message.get("more_body"):  # no usage chunk came: sent as they are
+                message = {**message, "body": message.get("body", b"") + b"".join(e + b"\n\n" for e in self.held)}
+                self.held = []
             return await self.send(message)
         if self.mode == "pass":
             return await self.send(message)
@@ -186,6 +223,27 @@ class _FinishingSend:
         if message.get("more_body"):
             return
         await self._send_json(b"".join(self.buffer))
+
+    def _finish_sse(self, chunk: bytes) -> bytes:
+        """The chunk with its usage events finished; a hidden usage chunk is
+        counted, dropped, and releases the held events (see the module docstring)."""
+        *events, rest = chunk.split(b"\n\n")
+        out = []
+        for event in events:
+            if _USAGE in event and event.startswith(b"data: {"):
+                obj = json.loads(event[6:])
+                if finish_usage(obj, self.info) is not None:
+                    self.usage = obj["usage"]
+                if self.hide_usage and obj.get("choices") == []:
+                    out += [_stamp(e, obj.get("system_fingerprint")) for e in self.held]
+                    self.held = []
+                    continue
+                event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+            elif self.hide_usage and (self.held or _FINISHED in event):
+                self.held.append(event)
+                continue
+            out.append(event)
+        return b"".join(e + b"\n\n" for e in out) + rest
 
     def end_kv(self) -> None:
         """Ends the kv_load span (KV loaded, prompt tail computed) once."""
@@ -202,8 +260,8 @@ class _FinishingSend:
         if obj is not None:
             if status >= 400:
                 obj = normalize_error(status, obj)
-            else:
-                self.prompt_tokens = finish_usage(obj, self.info)
+            elif finish_usage(obj, self.info) is not None:
+                self.usage = obj["usage"]
             raw = json.dumps(obj, separators=(",", ":")).encode()
         headers = [(k, v) for k, v in self.start["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(raw)).encode()))

@@ -104,7 +104,10 @@ def cmd_model(args) -> int:
     from cluster import tiny_model
 
     cfg, _ = _load(args)
-    return tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
+    rc = tiny_model.main([str(cfg.model.resolved_path())] + (["--force"] if args.force else []))
+    if rc == 0 and cfg.models:
+        tiny_model.generate_catalogue(cfg.models)
+    return rc
 
 
 def cmd_keys(args) -> int:
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     se = sub.add_parser("secrets", help="make the Ray token and Redis password a `ray up` cluster needs")
     se.add_argument("--dir", default=str(Path("~/.baton/secrets")))
     se.set_defaults(fn=cmd_secrets)
-    md = sub.add_parser("model", help="generate the default tiny model")
+    md = sub.add_parser("model", help="generate the default tiny model and the config's catalogue models")
     md.add_argument("--force", action="store_true")
     md.set_defaults(fn=cmd_model)
     bench = sub.add_parser("bench", add_help=False, help="benchmarks: " + ", ".join(BENCHES))

@@ -39,6 +39,15 @@ SIZES = {
                  num_attention_heads=4, num_key_value_heads=2),
     "bench": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8),
+    # The default catalogue's other models (cluster/catalogue.yaml): distinct sizes and layer counts.
+    "small": dict(hidden_size=192, intermediate_size=384, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2),
+    "medium": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=4),
+    "wide": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=2,
+                 num_attention_heads=6, num_key_value_heads=2),
+    "deep": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+                 num_attention_heads=4, num_key_value_heads=2),
     # The KV shape of a mid-sized production model (16 layers, 8 KV heads of
     # 128): 128 KiB of KV per token in float32, for `baton bench kv`.
     "kv": dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=16,
@@ -73,11 +82,11 @@ def _train_tokenizer(out: Path) -> int:
     return len(fast)
 
 
-def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int, size: str) -> None:
+def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int, size: str, seed: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
         **SIZES[size],
@@ -94,27 +103,45 @@ def _build_model(out: Path, vocab_size: int, bos_id: int, eos_id: int, size: str
     model.save_pretrained(out, safe_serialization=True)
 
 
-def generate(out: Path, force: bool = False, size: str = "tiny") -> Path:
-    """Creates the tiny model in `out` unless it is already complete there.
+def generate(out: Path, force: bool = False, size: str = "tiny", seed: int = SEED) -> Path:
+    """Creates the tiny model in `out` unless it is already complete there (same size and seed).
 
     Writes config, weights, tokenizer and chat template, then a marker file
     last, so an interrupted run is redone rather than half-used.
     """
     marker = out / MARKER
-    if marker.exists() and not force:
+    if marker.exists() and not force and _same(marker, size, seed):
         return out
     out.mkdir(parents=True, exist_ok=True)
     vocab = _train_tokenizer(out)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(out)
-    _build_model(out, vocab, tok.bos_token_id, tok.eos_token_id, size)
+    _build_model(out, vocab, tok.bos_token_id, tok.eos_token_id, size, seed)
     gen_cfg = out / "generation_config.json"
     if gen_cfg.exists():  # keep vLLM's defaults plain greedy-capable
         cfg = json.loads(gen_cfg.read_text())
         cfg.pop("do_sample", None)
         gen_cfg.write_text(json.dumps(cfg, indent=2))
-    marker.write_text(json.dumps({"seed": SEED, "vocab_size": vocab, "size": size}))
+    marker.write_text(json.dumps({"seed": seed, "vocab_size": vocab, "size": size}))
+    return out
+
+
+def _same(marker: Path, size: str, seed: int) -> bool:
+    try:
+        done = json.loads(marker.read_text())
+    except ValueError:
+        return False
+    return done.get("size", "tiny") == size and done.get("seed", SEED) == seed
+
+
+def generate_catalogue(entries) -> list[Path]:
+    """Generates every catalogue entry (common/config_models.py) that names no checkpoint of its own;
+    entries already generated with the same size and seed are kept. Prints one line per model."""
+    out = []
+    for i, entry in enumerate(e for e in entries if e.path is None):
+        print(f"catalogue model {i + 1}: {entry.id} ({entry.generate.size}, seed {entry.generate.seed})", flush=True)
+        out.append(generate(entry.resolved_path(), size=entry.generate.size, seed=entry.generate.seed))
     return out
 
 

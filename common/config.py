@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from common.config_admission import AdmissionConfig
 from common.config_base import ConfigError, _Strict, parse_size
+from common.config_models import CatalogueConfig, CatalogueModel, check_catalogue
 from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
 
 __all__ = ["AdmissionConfig", "BatonConfig", "ConfigError", "load_config", "parse_size"]
@@ -290,6 +291,8 @@ class RayConfig(_Strict):
 
 class BatonConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
+    models: list[CatalogueModel] = Field(default_factory=list, description="more models sharing the pool")
+    catalogue: CatalogueConfig = Field(default_factory=CatalogueConfig)
     prefill: PoolConfig = Field(default_factory=PoolConfig)
     decode: PoolConfig = Field(default_factory=PoolConfig)
     colocated: bool = Field(
@@ -322,6 +325,8 @@ class BatonConfig(_Strict):
                 raise ValueError(f"{name} and {seen[port]} both use port {port}")
             seen[port] = name
         return self
+
+    _catalogue = model_validator(mode="after")(check_catalogue)
 
     def routes(self) -> bool:
         """Whether fronts route requests by the KV-aware router: always when disaggregated; when

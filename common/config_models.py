@@ -4,7 +4,7 @@
 `models:` lists more. Every model in the catalogue has its own engine
 process on a replica when it is resident; the catalogue's memory budgets may
 add up to more than `catalogue.memory_gb` (overcommit), and only what fits is
-resident at once (routing/residency.py decides which; actors/model_host.py
+resident at once (routing/residency.py decides which; deployments/model_host.py
 starts and stops the engines).
 """
 
@@ -70,3 +70,32 @@ class CatalogueConfig(_Strict):
     standby: bool = Field(
         True, description="keep a process with vLLM's engine modules imported, from which cold engines "
         "fork (actors/fast_start.py): a wake then costs seconds, not a Python start")
+
+
+def catalogue_models(cfg) -> list[CatalogueModel]:
+    """Every model `cfg` (a BatonConfig) serves, `model` first (as a catalogue entry)."""
+    first = CatalogueModel(id=cfg.model.served_name, path=str(cfg.model.resolved_path()),
+                           kv_cache_gb=cfg.decode.kv_cache_gb or 1.0)
+    return [first, *cfg.models]
+
+
+def for_model(cfg, entry: CatalogueModel):
+    """`cfg` (a BatonConfig) as a one-model stack of `entry`: what one engine of the catalogue is built from."""
+    if entry.id == cfg.model.served_name:
+        return cfg.model_copy(update={"models": []})
+    model = cfg.model.model_copy(update={"served_name": entry.id, "path": str(entry.resolved_path())})
+    decode = cfg.decode.model_copy(update={"kv_cache_gb": entry.kv_cache_gb,
+                                           "engine_args": {**cfg.decode.engine_args, **entry.engine_args}})
+    return cfg.model_copy(update={"model": model, "decode": decode, "models": []})
+
+
+def check_catalogue(cfg):
+    """`cfg` (a BatonConfig); raises ValueError if its catalogue repeats an id or runs where fronts route."""
+    ids = [cfg.model.served_name] + [m.id for m in cfg.models]
+    dup = next((i for i in ids if ids.count(i) > 1), None)
+    if dup is not None:
+        raise ValueError(f"models: model id {dup!r} appears twice (model.served_name counts)")
+    if cfg.models and cfg.routes():
+        raise ValueError("models: a catalogue runs on colocated stacks whose fronts serve their own engines "
+                         "(colocated: true with one decode replica, or routing.colocated_router: false)")
+    return cfg

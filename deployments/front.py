@@ -15,21 +15,21 @@ its own vLLM OpenAI app. For a completion request it
 4. runs decode in this process when the policy chose this replica, else
    forwards the bytes to the chosen replica's internal server; a replica
    that fails before the request's first token costs a retry here.
+With a model catalogue, step 3 is the requested model's engine here, woken
+if cold (deployments/model_host.py).
 The tenant becomes vLLM's `cache_salt`; the rendered prompt ids travel in
 `kv_transfer_params.prompt_token_ids`, so no process tokenises twice.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
 
-import aiohttp
 import redis
 
-from actors.finisher import COMPLETION_PATHS, INFO_HEADER, error_code, header
+from actors.finisher import COMPLETION_PATHS, INFO_HEADER, ask_usage, error_code, header, usage_headers
 from common import tracing
 from common.config import BatonConfig
 from common.constants import DEADLINE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, TIER_HEADER
@@ -38,10 +38,10 @@ from deployments import first_token, relay, schemas
 from deployments.admission import AsyncAdmission, Shed
 from deployments.api_keys import KeyTable
 from deployments.bodies import check_length, read_body
-from deployments.metrics import IngressMetrics, merge
+from deployments.metrics import IngressMetrics
+from deployments.metrics_scrape import pool_metrics
 from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError
-from routing.redis_state import INDEXER_STATS_KEY
 from routing.spill import SpillChooser
 
 def _small_body(scope) -> bool:
@@ -64,8 +64,10 @@ class Front:
     """ASGI app: the public endpoint of one replica (see the module docstring)."""
 
     def __init__(self, cfg: BatonConfig, replica: str, engine, local_app, routing: RequestRouting | None,
-                 gate: AsyncAdmission, metrics: IngressMetrics, session, readiness, peers, keys: KeyTable):
+                 gate: AsyncAdmission, metrics: IngressMetrics, session, readiness, peers, keys: KeyTable,
+                 models=None):
         self.cfg, self.replica, self.engine, self.local = cfg, replica, engine, local_app
+        self.models = models  # a catalogue's engines (deployments/model_host.py); None: one model
         self.keys = keys
         self.routing, self.gate, self.metrics, self.http = routing, gate, metrics, session
         self.readiness = readiness  # async () -> (ready, why)
@@ -96,6 +98,8 @@ class Front:
                 if not ready:
                     raise APIError(503, f"Baton is starting: {why}", "server_error",
                                    code="starting", headers={"Retry-After": "5"})
+                if self.models is not None:
+                    return await respond(send, 200, {"object": "list", "data": self.models.listing()})
             if path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/version"):
                 return await self.local(scope, receive, send)
             raise APIError(404, f"no route {method} {path}", code="not_found")
@@ -111,34 +115,9 @@ class Front:
                 pass
 
     async def metrics_text(self) -> bytes:
-        """This replica's metrics summed with every other live decode replica's."""
-        texts = [self.metrics.render()]
-        for replica, entry in (await self.peers()).items():
-            if replica == self.replica or "url" not in entry:
-                continue
-            try:
-                async with self.http.get(f"{entry['url']}/baton/metrics",
-                                         timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    if resp.status == 200:
-                        texts.append(await resp.read())
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-                continue  # a replica going away: its counts leave with it
-        return merge(texts) + await self._indexer_metrics()
-
-    async def _indexer_metrics(self) -> bytes:
-        """The KV indexer's totals (it has no port of its own), as counters; empty when nothing routes."""
-        if self.routing is None:
-            return b""
-        try:
-            raw = await self.routing.redis.hgetall(INDEXER_STATS_KEY)
-        except redis.RedisError:
-            return b""
-        lines = []
-        for name, value in sorted(raw.items()):
-            metric = f"baton_indexer_{name.decode()}_total"
-            lines += [f"# HELP {metric} KV indexer: {name.decode().replace('_', ' ')}", f"# TYPE {metric} counter",
-                      f"{metric} {float(value)}"]
-        return ("\n".join(lines) + "\n").encode() if lines else b""
+        """This replica's metrics summed with every other live decode replica's, and the indexer's."""
+        return await pool_metrics(self.metrics, self.replica, await self.peers(), self.http,
+                                  self.routing.redis if self.routing is not None else None)
 
     def admission_gauges(self) -> None:
         """Sets this front's admission estimates and permit count in its metrics."""
@@ -171,15 +150,14 @@ class Front:
         """The validated body as a dict; APIError(4xx) when it is not acceptable."""
         schema = schemas.ChatCompletionRequest if kind == "chat" else schemas.CompletionRequest
         req = schemas.parse(schema, raw)
-        if req.model != self.model:
+        if req.model != self.model and (self.models is None or not self.models.known(req.model)):
             raise APIError(404, f"The model '{req.model}' does not exist", param="model",
                            code="model_not_found")
         return json.loads(raw)
 
     @staticmethod
     def _deadline(scope) -> float | None:
-        raw = header(scope["headers"], DEADLINE_HEADER.encode())
-        if not raw:
+        if not (raw := header(scope["headers"], DEADLINE_HEADER.encode())):
             return None
         try:
             value = float(raw)
@@ -214,6 +192,16 @@ class Front:
             self._release(permit, tenant)
             raise
         body["cache_salt"] = tenant
+        if self.models is None:
+            return await self._run(scope, receive, send, kind, body, tenant, permit, self.local)
+        local = await self._model_app(body["model"], scope, permit, tenant)
+        try:
+            await self._run(scope, receive, send, kind, body, tenant, permit, local)
+        finally:
+            self.models.release(body["model"])
+
+    async def _run(self, scope, receive, send, kind: str, body: dict, tenant: str, permit, local) -> None:
+        """Routes and answers one admitted, parsed request; `local` is the app of its model here."""
         session = header(scope["headers"], SESSION_HEADER.encode()) or None
         body["request_id"] = uuid.uuid4().hex
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{body['request_id']}"
@@ -232,7 +220,8 @@ class Front:
             span.set_attribute("baton.route", info.route or "")
             done = self._on_done(permit, tenant, route)
             try:
-                await self._dispatch(scope, receive, stream, body, info, route, request_id, extra, done)
+                await self._dispatch(scope, receive, stream, body, info, route, request_id, extra, done, tenant,
+                                     local)
             finally:
                 done(None)  # idempotent: frees whatever a cancelled or failed dispatch still holds
 
@@ -274,6 +263,15 @@ class Front:
             else:  # a registry entry without a URL: decode computes the prompt
                 info.decode_only = True
         return route
+
+    async def _model_app(self, model: str, scope, permit, tenant: str):
+        """The app of `model` in this replica's catalogue, woken if cold; a 429 with Retry-After (the
+        permit released) when it cannot be loaded before the request's deadline."""
+        try:
+            return await self.models.acquire(model, self._deadline(scope) or self.cfg.admission.default_deadline_s)
+        except BaseException:
+            self._release(permit, tenant)
+            raise
 
     def _spill_route(self) -> Route | None:
         """Colocated: a peer's engine for this request when this one is full (routing/spill.py)."""
@@ -317,14 +315,16 @@ class Front:
             self.routing.prefill_done(route)
 
     async def _dispatch(self, scope, receive, send, body: dict, info: BatonInfo, route: Route | None,
-                        request_id: str, extra: list, done) -> None:
+                        request_id: str, extra: list, done, tenant: str, local) -> None:
+        # Whose answer it is, for the Finisher's usage counters; streams always ask vLLM for usage.
+        bill = usage_headers(tenant, body["model"], ask_usage(body))
         raw = json.dumps(body).encode()
         remote = route is not None and route.decode_replica != self.replica and route.decode_url
         on_first = (lambda: self.routing.computed(route)) if route is not None and self.routing is not None else None
         trace = tracing.inject()
         if remote:
             headers = {"content-type": "application/json", INFO_HEADER.decode(): json.dumps(info.body()),
-                       REQUEST_ID_HEADER: request_id, **trace}
+                       REQUEST_ID_HEADER: request_id, **trace, **{k.decode(): v.decode() for k, v in bill}}
             for k, v in scope["headers"]:
                 if k in (SESSION_HEADER.encode(), b"authorization"):
                     headers[k.decode()] = v.decode()
@@ -337,13 +337,13 @@ class Front:
                 self.metrics.retries.inc()
         inner = dict(scope)
         inner["headers"] = [(k, v) for k, v in scope["headers"]
-                            if k not in (b"content-length", b"content-type", b"x-request-id", INFO_HEADER)]
+                            if k not in (b"content-length", b"content-type", b"x-request-id", INFO_HEADER, *dict(bill))]
         inner["headers"] += [(b"content-length", str(len(raw)).encode()),
                              (b"content-type", b"application/json"),
                              (INFO_HEADER, json.dumps(info.body()).encode()),
-                             (REQUEST_ID_HEADER.encode(), request_id.encode())]
+                             (REQUEST_ID_HEADER.encode(), request_id.encode()), *bill]
         inner["headers"] += [(k.encode(), v.encode()) for k, v in trace.items()]
-        await relay.run_local(self.local, inner, raw, receive, send, extra, done, on_first)
+        await relay.run_local(local, inner, raw, receive, send, extra, done, on_first)
 
     # -- admission and accounting ----------------------------------------------------
 

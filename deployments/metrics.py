@@ -2,8 +2,11 @@
 
 Latency histograms (TTFT, TPOT, end-to-end, queue time), admission (permits
 in use, shed requests per tenant), routing (decisions by reason, re-pins, the
-block-weighted prefix hit ratio as the engines count it) and KV bytes moved
-from the Mooncake store into decode replicas.
+block-weighted prefix hit ratio as the engines count it), KV bytes moved
+from the Mooncake store into decode replicas, and usage a bill can be built
+on: tokens per tenant, model and kind, and answers per tenant and model,
+counted once per answer from the `usage` object its client receives (on
+the replica that computed it; /metrics sums the replicas).
 """
 
 from __future__ import annotations
@@ -66,6 +69,17 @@ class IngressMetrics:
                                  "cached prompt tokens the prefix index predicted on the computing replica", registry=r)
         self.actual = Counter("baton_index_actual_cached_tokens_total",
                               "cached prompt tokens that replica's engine reported", registry=r)
+        self.usage_tokens = Counter("baton_usage_tokens_total", "tokens of answers, from the usage their client "
+                                    "receives: prompt (all prompt tokens), cached (those of them not recomputed, "
+                                    "as Baton counts them), completion", ["tenant", "model", "kind"], registry=r)
+        self.usage_requests = Counter("baton_usage_requests_total", "answers that reported usage",
+                                      ["tenant", "model"], registry=r)
+        self.model_wakes = Counter("baton_model_wakes_total", "catalogue models started on this replica",
+                                   ["model"], registry=r)
+        self.model_wake_s = Histogram("baton_model_wake_seconds", "a catalogue model's engine start",
+                                      ["model"], buckets=_LATENCY, registry=r)
+        self.model_evictions = Counter("baton_model_evictions_total", "catalogue engines stopped: evicted "
+                                       "for another model, or dropped after they died", ["model", "why"], registry=r)
         self.predictions = Counter("baton_index_predictions_total", "index predictions against the engine's "
                                    "report: exact, over or under", ["outcome"], registry=r)
         for outcome in ("exact", "over", "under"):
@@ -84,10 +98,18 @@ class IngressMetrics:
         if self._blocks:
             self.hit_ratio.set(self._hits / self._blocks)
 
-    def record_usage(self, info, prompt_tokens: int, block_size: int, kv_bytes_per_token: int) -> None:
-        """Adds one answer (a common.response.BatonInfo) to the hit ratio, to the
-        index's predicted-versus-actual counts when the index routed it, and,
-        when decode loaded what a prefill replica wrote, to the KV bytes moved."""
+    def record_usage(self, info, usage: dict, tenant: str, model: str, block_size: int,
+                     kv_bytes_per_token: int) -> None:
+        """Adds one answer (a common.response.BatonInfo and the `usage` object its client
+        receives) to the usage counters, to the hit ratio, to the index's predicted-versus-
+        actual counts when the index routed it, and, when decode loaded what a prefill
+        replica wrote, to the KV bytes moved."""
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        for kind, n in (("prompt", prompt_tokens), ("cached", cached),
+                        ("completion", int(usage.get("completion_tokens") or 0))):
+            self.usage_tokens.labels(tenant, model, kind).inc(n)
+        self.usage_requests.labels(tenant, model).inc()
         self.record_hit(info.cached_tokens() // block_size, prompt_tokens // block_size)
         if info.prefill_cached_tokens is not None:
             self.kv_bytes.inc(info.decode_cached_tokens * kv_bytes_per_token)
@@ -106,9 +128,15 @@ class IngressMetrics:
         return generate_latest(self.registry)
 
 
+def _label(value: str) -> str:
+    """A label value as the exposition format writes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def merge(texts: list[bytes]) -> bytes:
     """One exposition of several replicas' metrics: samples with the same
-    name and labels are summed; the hit ratio is recomputed from the sums."""
+    name and labels are summed (a counter's `_created` is the earliest); the
+    hit ratio is recomputed from the sums."""
     from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, tuple[str, str, dict]] = {}
@@ -117,7 +145,10 @@ def merge(texts: list[bytes]) -> bytes:
             _, _, samples = families.setdefault(fam.name, (fam.type, fam.documentation, {}))
             for s in fam.samples:
                 key = (s.name, tuple(sorted(s.labels.items())))
-                samples[key] = samples.get(key, 0.0) + s.value
+                if s.name.endswith("_created") and key in samples:
+                    samples[key] = min(samples[key], s.value)
+                else:
+                    samples[key] = samples.get(key, 0.0) + s.value
     hits = families.get("baton_prefix_hit_blocks", (None, None, {}))[2]
     blocks = families.get("baton_prompt_blocks", (None, None, {}))[2]
     if "baton_prefix_hit_ratio" in families:
@@ -128,6 +159,6 @@ def merge(texts: list[bytes]) -> bytes:
     for name, (kind, doc, samples) in families.items():
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
         for (sample, labels), value in samples.items():
-            lab = ",".join(f'{k}="{v}"' for k, v in labels)
+            lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels)
             lines.append(f"{sample}{{{lab}}} {value}" if lab else f"{sample} {value}")
     return ("\n".join(lines) + "\n").encode()

@@ -104,14 +104,19 @@ class EngineReplica:
         from deployments.internal import internal_app
         import aiohttp
 
-        self.engine = EngineApp(self.cfg, self.role, self.replica, _internal_host(self.cfg.serve.internal_host))
+        if self.cfg.models:  # a catalogue: one engine per resident model (deployments/model_host.py)
+            from deployments.model_host import ModelHost
+
+            self.engine = ModelHost(self.cfg, self.replica, _internal_host(self.cfg.serve.internal_host))
+        else:
+            self.engine = EngineApp(self.cfg, self.role, self.replica, _internal_host(self.cfg.serve.internal_host))
         await self.engine.start()
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
         s = self.cfg.serve
         inner = listen_socket(_internal_host(s.internal_host), 0, reuse_port=False)
         host, port = inner.getsockname()[:2]
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-        finished = Finisher(self.engine.app, self.replica)
+        finished = Finisher(self.engine.app, self.replica) if not self.cfg.models else self.engine
         front = None
         if self.role != "prefill":
             front = self._front(finished)
@@ -146,7 +151,7 @@ class EngineReplica:
         self.metrics = metrics = IngressMetrics()
         bs = self.cfg.model.block_size
         kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
-        finished.on_usage = lambda info, prompt_tokens: metrics.record_usage(info, prompt_tokens, bs, kv_bytes)
+        finished.on_usage = lambda *answer: metrics.record_usage(*answer, bs, kv_bytes)  # info, usage, tenant, model
         # Routing reads and writes (pins, session sets and in-flight counts are idempotent; a
         # placement sent twice takes one more ticket and may count the session on a second
         # replica until the set's TTL), readiness and key reads: a connection Redis closed by
@@ -158,9 +163,13 @@ class EngineReplica:
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
         readiness = Readiness(self.cfg, client, self.engine)
         self.keys = KeyStore(self.cfg.serve.api_keys, client)
+        if self.cfg.models:
+            self.engine.metrics = metrics
         front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
-                      readiness.check, lambda: readiness.registry.live("decode"), self.keys.table)
-        colocated = routing is None  # unrouted colocated: a full engine spills to a peer
+                      readiness.check, lambda: readiness.registry.live("decode"), self.keys.table,
+                      self.engine if self.cfg.models else None)
+        # Unrouted colocated: a full engine spills to a peer (not a catalogue's: its peers may not have the model).
+        colocated = routing is None and not self.cfg.models
         # A client of their own: a renewal that times out drops its connection,
         # which must not be one a routing read is using.
         self.leases = PermitLeases(self.cfg.redis.client(asynchronous=True, socket_timeout=1),

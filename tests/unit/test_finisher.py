@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from actors.finisher import Finisher, normalize_error, read_info
+from actors.finisher import Finisher, ask_usage, normalize_error, read_info, usage_headers
 from common.response import BatonInfo
 from deployments.metrics import IngressMetrics, merge
 
@@ -104,7 +104,7 @@ def test_each_answer_with_usage_reaches_on_usage_once():
     usage = {"prompt_tokens": 70, "completion_tokens": 1, "total_tokens": 71,
              "prompt_tokens_details": {"cached_tokens": 64}}
     app = Finisher(json_app(200, {"id": "x", "choices": [], "usage": usage}), "r",
-                   on_usage=lambda info, n: seen.append((info.cached_tokens(), n)))
+                   on_usage=lambda info, u, tenant, model: seen.append((info.cached_tokens(), u["prompt_tokens"])))
 
     async def receive():
         return {"type": "http.request", "body": b"{}", "more_body": False}
@@ -116,7 +116,134 @@ def test_each_answer_with_usage_reaches_on_usage_once():
     asyncio.run(app(scope, receive, send))
     m = IngressMetrics()
     info = BatonInfo(prefill_cached_tokens=32, decode_cached_tokens=64)
-    m.record_usage(info, 70, 32, 1000)
+    m.record_usage(info, {"prompt_tokens": 70, "completion_tokens": 1}, "t", "m", 32, 1000)
     assert seen == [(64, 70)]
     assert 'baton_kv_bytes_moved_total 64000.0' in m.render().decode()
     assert "baton_prefix_hit_ratio 0.5" in m.render().decode()
+
+
+# -- usage for the bill: what on_usage sees is what the client receives, once ----------------
+
+FINGERPRINT = "fp_baton"
+ROLE = b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null}]}\n\n'
+TOKEN = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}\n\n'
+LAST = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":"length"}]}\n\n'
+USAGE_CHUNK = (b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":2,"total_tokens":42,'
+               b'"prompt_tokens_details":{"cached_tokens":32}},"system_fingerprint":"fp_baton"}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+def usage_run(app, headers=()):
+    """(messages sent, on_usage calls) of one Finisher run."""
+    sent, seen = [], []
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    finisher = Finisher(app, "r", on_usage=lambda info, usage, tenant, model: seen.append((usage, tenant, model)))
+    scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "headers": list(headers)}
+    asyncio.run(finisher(scope, receive, send))
+    return sent, seen
+
+
+def sse_app(chunks: list[bytes]):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        for c in chunks:
+            await send({"type": "http.response.body", "body": c, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return app
+
+
+def streamed(sent: list[dict]) -> bytes:
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_json_answer_counts_the_usage_the_client_receives():
+    usage = {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42,
+             "prompt_tokens_details": {"cached_tokens": 32}}
+    info = {"prefill_cached_tokens": 16}
+    sent, seen = usage_run(json_app(200, {"id": "x", "choices": [], "usage": usage}),
+                           [(b"x-baton-info", json.dumps(info).encode()),
+                            *usage_headers("acme corp/ü", "baton-tiny", False)])
+    body = json.loads(sent[1]["body"])
+    assert seen == [(body["usage"], "acme corp/ü", "baton-tiny")]
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 16  # the prefill's hit, as Baton counts
+
+
+def test_error_answers_and_answers_without_usage_are_not_counted():
+    assert usage_run(json_app(400, {"error": {"message": "bad", "code": 400}}))[1] == []
+    assert usage_run(sse_app([ROLE, TOKEN, LAST, DONE]))[1] == []
+
+
+def test_stream_that_asked_for_usage_gets_it_and_counts_it_once():
+    sent, seen = usage_run(sse_app([ROLE, TOKEN, LAST, USAGE_CHUNK + DONE]),
+                           usage_headers("t", "m", False))
+    events = streamed(sent).split(b"\n\n")
+    assert events[:3] == [e.rstrip(b"\n") for e in (ROLE, TOKEN, LAST)]
+    usage_chunk = json.loads(events[3][6:])
+    assert events[4:] == [b"data: [DONE]", b""]
+    assert len(seen) == 1 and seen[0] == (usage_chunk["usage"], "t", "m")
+    assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+
+
+def test_hidden_usage_chunk_is_counted_but_not_sent():
+    sent, seen = usage_run(sse_app([ROLE, TOKEN, LAST, USAGE_CHUNK, DONE]), usage_headers("t", "m", True))
+    out = streamed(sent)
+    assert b'"usage"' not in out and b'"choices":[]' not in out
+    last = LAST[:-3] + b',"system_fingerprint":"fp_baton"}\n\n'  # as vLLM sends it without a usage chunk
+    assert out == ROLE + TOKEN + last + DONE
+    assert seen == [({"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42,
+                      "prompt_tokens_details": {"cached_tokens": 32}}, "t", "m")]
+
+
+def test_hidden_usage_in_the_chunk_that_ends_the_stream_with_the_prefill_token():
+    # The front streamed the prefill's first token: decode drops its role event and
+    # counts that token as output, also when the usage chunk is hidden.
+    info = [(b"x-baton-info", json.dumps({"first_token": "prefill", "prefill_cached_tokens": 0}).encode())]
+    sent, seen = usage_run(sse_app([ROLE, TOKEN, LAST + USAGE_CHUNK + DONE]), info + usage_headers("t", "m", True))
+    out = streamed(sent)
+    assert out == TOKEN + LAST[:-3] + b',"system_fingerprint":"fp_baton"}\n\n' + DONE
+    (usage, _, _), = seen
+    assert usage["prompt_tokens"] == 39 and usage["completion_tokens"] == 3
+
+
+def test_held_events_are_sent_when_no_usage_chunk_comes():
+    sent, seen = usage_run(sse_app([ROLE, LAST, DONE]), usage_headers("t", "m", True))
+    assert streamed(sent) == ROLE + LAST + DONE and seen == []
+
+
+def test_ask_usage_makes_every_stream_report_it():
+    plain = {"stream": True}
+    assert ask_usage(plain) is True and plain["stream_options"] == {"include_usage": True}
+    off = {"stream": True, "stream_options": {"include_usage": False, "continuous_usage_stats": True}}
+    assert ask_usage(off) is True and off["stream_options"] == {"include_usage": True}
+    asked = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert ask_usage(asked) is False and asked["stream_options"]["continuous_usage_stats"] is True
+    whole = {"stream": False}
+    assert ask_usage(whole) is False and "stream_options" not in whole
+
+
+def test_continuous_usage_the_client_asked_for_is_counted_once_from_the_last_chunk():
+    def chunk(choices: bytes, completion: int) -> bytes:
+        return (b'data: {"id":"x","choices":' + choices + b',"usage":{"prompt_tokens":40,"completion_tokens":'
+                + str(completion).encode() + b',"total_tokens":' + str(40 + completion).encode() + b'}}\n\n')
+    sent, seen = usage_run(sse_app([chunk(b'[{"index":0,"delta":{"content":"a"}}]', 1),
+                                    chunk(b'[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]', 2),
+                                    chunk(b"[]", 2), DONE]), usage_headers("t", "m", False))
+    assert streamed(sent).count(b'"usage"') == 3
+    assert len(seen) == 1 and seen[0][0]["completion_tokens"] == 2
+
+
+def test_hidden_usage_keeps_the_order_of_choices_that_end_apart():
+    first = b'data: {"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    other = b'data: {"id":"x","choices":[{"index":1,"delta":{"content":"c"},"finish_reason":null}]}\n\n'
+    second = b'data: {"id":"x","choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}\n\n'
+    sent, seen = usage_run(sse_app([first, other, second, USAGE_CHUNK, DONE]), usage_headers("t", "m", True))
+    fp = b',"system_fingerprint":"fp_baton"}\n\n'
+    assert streamed(sent) == first[:-3] + fp + other + second[:-3] + fp + DONE
+    assert len(seen) == 1

@@ -1,0 +1,45 @@
+"""Cold engines that start in seconds: a standby process with vLLM's engine imported.
+
+A vLLM engine start on CPU spends most of its time importing: AsyncLLM spawns
+the engine core process, which imports torch and vLLM (about 6 s here), and
+the CPU platform spawns the worker, which imports them again. Sleep mode does
+nothing on CPU, so waking a cold model means starting an engine.
+
+`use_standby()` makes every later engine start of this process fork its
+engine core from a forkserver that preloaded `actors.standby_preload` (vLLM's
+engine core, CPU worker and model modules); that module also makes the engine
+core fork its worker instead of spawning it. Both forks then start with
+everything imported, and what is left of an engine start is loading the
+weights and allocating the KV cache. The forkserver is started at once, so
+its own imports happen while the replica starts, not at the first wake.
+
+Forking is safe here because the forkserver runs no OpenMP region before it
+forks: the hazard that makes vLLM spawn CPU workers (libgomp is not
+fork-safe once its thread pool ran) does not arise in a process that has only
+imported modules.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+PRELOAD = ["actors.standby_preload"]
+_context = None
+
+
+def use_standby():
+    """Routes this process's vLLM engine-core starts through the standby forkserver, starting it now.
+
+    Changes process-wide state: vLLM's engine launcher's multiprocessing context. Idempotent;
+    returns the context."""
+    global _context
+    if _context is None:
+        import vllm.v1.engine.utils as launcher
+        from multiprocessing import forkserver
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
+        launcher.get_mp_context = lambda: ctx
+        _context = ctx
+    return _context

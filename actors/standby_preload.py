@@ -1,0 +1,41 @@
+"""Imported once by the standby forkserver (actors/fast_start.py), never by a serving process.
+
+Imports what an engine core and its CPU worker import, so each engine forked
+from the standby has them already, and makes the engine core fork its worker
+(vLLM's CPU platform spawns it, which imports everything again).
+
+Every process of the chain dies with its parent: the forkserver with the
+replica that started it, an engine core with the forkserver, a worker with its
+engine core (Linux's parent-death signal, set again after every fork since a
+fork clears it). A replica killed outright leaves no engine behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+
+import vllm.model_executor.models.llama  # noqa: F401 - the catalogue's architecture
+import vllm.v1.engine.core  # noqa: F401 - the engine core process's entry point
+import vllm.v1.executor.multiproc_executor as executor
+import vllm.v1.worker.cpu_model_runner  # noqa: F401
+import vllm.v1.worker.cpu_worker  # noqa: F401
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Asks Linux to send this process SIGTERM when its parent exits (vLLM shuts down on SIGTERM)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: processes are cleaned up by their parents only
+        return
+    if os.getppid() == 1:  # the parent was already gone before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+die_with_parent()
+os.register_at_fork(after_in_child=die_with_parent)
+executor.get_mp_context = lambda: multiprocessing.get_context("fork")

@@ -1,0 +1,205 @@
+"""The catalogue's engines on one replica: which models are resident, waking and evicting them.
+
+A replica of a stack with `models:` (common/config_models.py) hosts one
+engine per resident model, each with its own engine-core and worker
+processes, so a model that crashes takes only itself down. What is resident
+is decided by routing/residency.py from recent demand, within
+`catalogue.memory_gb`; a request for a cold model wakes it (a new engine,
+forked from the standby of actors/fast_start.py), first evicting the least
+wanted models that have been resident long enough. One swap runs at a time.
+
+A request that cannot have its model before its deadline is refused at once
+(`ModelUnavailable`, a 429 with Retry-After), never parked. A model whose
+engine died is dropped and woken again by its next request.
+
+To the replica the host looks like one engine (`running`, `errored`,
+`engine_load`, `shutdown`), so health checks and autoscaling see the sum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+
+from actors.finisher import Finisher, openai_error
+from actors.openai_app import EngineApp
+from common.config import BatonConfig, ConfigError
+from common.config_models import catalogue_models, for_model
+from deployments.schemas import APIError
+from routing.residency import Residency
+
+FIRST_WAKE_GUESS_S = 10.0  # a model's wake time before one was measured
+
+
+class ModelUnavailable(APIError):
+    """The model cannot serve this request in time: 429 (or 503 when its start failed), with Retry-After."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float):
+        super().__init__(status, message, "rate_limit_error" if status == 429 else "server_error",
+                         code="model_loading" if status == 429 else "model_load_failed",
+                         headers={"Retry-After": retry_after(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class ModelHost:
+    """The resident engines of one replica and the residency that decides them."""
+
+    def __init__(self, cfg: BatonConfig, replica: str, events_host: str = "127.0.0.1"):
+        self.cfg, self.replica, self.events_host = cfg, replica, events_host
+        self.entries = {m.id: m for m in catalogue_models(cfg)}
+        budgets = {i: m.budget_bytes() for i, m in self.entries.items()}
+        c = cfg.catalogue
+        capacity = int(c.memory_gb * 2**30) if c.memory_gb else sum(budgets.values())
+        for i, (model, budget) in enumerate(budgets.items()):
+            if budget > capacity:
+                raise ConfigError(f"models.{i - 1 if i else ''}: {model} needs {budget / 2**30:.2f} GiB, more than "
+                                  f"catalogue.memory_gb ({c.memory_gb} GiB) gives all models")
+        self.residency = Residency(capacity, budgets, c.min_resident_s, c.demand_half_life_s)
+        self.engines: dict[str, EngineApp] = {}
+        self.apps: dict[str, Finisher] = {}
+        self.in_flight: Counter = Counter()
+        self.wake_s: dict[str, float] = {}
+        self.swap = asyncio.Lock()
+        self.on_usage = None  # set by the replica: every model's Finisher reports usage to it
+        self.metrics = None  # the front's IngressMetrics, for wake and eviction counts
+        self.events_replay = None  # no KV events: a catalogue's fronts serve their own engines
+
+    async def start(self) -> None:
+        """Starts the standby (if configured) and wakes the first model; raises if it cannot start."""
+        if self.cfg.catalogue.standby:
+            from actors.fast_start import use_standby
+
+            use_standby()
+        await self._wake(self.cfg.model.served_name, time.monotonic())
+
+    # -- requests ---------------------------------------------------------------
+
+    def known(self, model: str) -> bool:
+        return model in self.entries
+
+    async def acquire(self, model: str, deadline_s: float) -> Finisher:
+        """The app serving `model`, waking it if needed; counts one request in flight on it
+        until `release(model)`. Raises ModelUnavailable if it cannot be had within `deadline_s`."""
+        start = time.monotonic()
+        self.residency.request(model, start)
+        while True:
+            engine = self.engines.get(model)
+            if engine is not None and not engine.errored():
+                self.in_flight[model] += 1
+                return self.apps[model]
+            async with self.swap:
+                if model in self.engines and not self.engines[model].errored():
+                    continue
+                await self._drop(model)
+                now = time.monotonic()
+                plan = self.residency.plan(model, now, busy={m for m, n in self.in_flight.items() if n})
+                ready_in = plan.wait_s + self.wake_s.get(model, FIRST_WAKE_GUESS_S)
+                if now - start + ready_in > deadline_s:
+                    raise ModelUnavailable(429, f"The model '{model}' is not loaded and cannot be loaded within "
+                                           "this request's deadline; retry later", ready_in)
+                if plan.wait_s > 0:
+                    await asyncio.sleep(plan.wait_s)
+                    continue
+                for victim in plan.evict:
+                    await self._drop(victim)
+                await self._wake(model, now)
+
+    def release(self, model: str) -> None:
+        """Ends one request `acquire` counted on `model`."""
+        self.in_flight[model] -= 1
+
+    # -- swaps (under `swap`) ------------------------------------------------------
+
+    async def _wake(self, model: str, now: float) -> None:
+        """Starts `model`'s engine; on failure the catalogue is as before and ModelUnavailable says why."""
+        self.residency.woke(model, now)
+        t0 = time.monotonic()
+        engine = EngineApp(for_model(self.cfg, self.entries[model]), "colocated", self.replica, self.events_host)
+        try:
+            await engine.start()
+        except Exception as exc:  # noqa: BLE001 - a failed start must not leave the model listed as resident
+            self.residency.evicted(model)
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+            raise ModelUnavailable(503, f"The model '{model}' failed to load ({type(exc).__name__}); retry later",
+                                   5.0) from exc
+        took = time.monotonic() - t0
+        self.wake_s[model] = took if model not in self.wake_s else 0.5 * (self.wake_s[model] + took)
+        self.engines[model] = engine
+        self.apps[model] = Finisher(engine.app, self.replica, lambda *answer: self.on_usage and self.on_usage(*answer))
+        if self.metrics is not None:
+            self.metrics.model_wakes.labels(model).inc()
+            self.metrics.model_wake_s.labels(model).observe(took)
+
+    async def _drop(self, model: str) -> None:
+        """Stops `model`'s engine if it has one (evicted, or dead); frees its processes' memory."""
+        engine = self.engines.pop(model, None)
+        self.apps.pop(model, None)
+        if engine is None:
+            return
+        self.residency.evicted(model)
+        if self.metrics is not None:
+            self.metrics.model_evictions.labels(model, "died" if engine.errored() else "evicted").inc()
+        await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+
+    # -- what the replica and the front read ---------------------------------------
+
+    def listing(self) -> list[dict]:
+        """/v1/models' entries: every catalogue model, whether it is resident here, its budget and, when
+        resident, its engine processes' PIDs."""
+        return [{"id": i, "object": "model", "created": 0, "owned_by": "baton",
+                 "baton": {"resident": i in self.engines, "memory_bytes": self.residency.budgets[i],
+                           "pids": _pids(self.engines[i]) if i in self.engines else []}}
+                for i in self.entries]
+
+    async def __call__(self, scope, receive, send):
+        """ASGI: the routes that name no model (/tokenize, /version, ...) on any resident model's app."""
+        app = next(iter(self.apps.values()), None)
+        if app is not None:
+            return await app(scope, receive, send)
+        raw = json.dumps(openai_error(503, "no model is loaded; retry later")).encode()
+        await send({"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+            (b"retry-after", b"5")]})
+        await send({"type": "http.response.body", "body": raw})
+
+    def running(self) -> int:
+        return sum(e.running() for e in self.engines.values())
+
+    def errored(self) -> bool:
+        """Never for a model: a dead one is dropped and woken again by its next request."""
+        return False
+
+    @property
+    def capacity_blocks(self) -> int:
+        return sum(e.capacity_blocks for e in self.engines.values())
+
+    async def engine_load(self) -> dict:
+        return {"resident": sorted(self.engines), "unfinished": self.running()}
+
+    def shutdown(self) -> None:
+        for engine in list(self.engines.values()):
+            engine.shutdown()
+        self.engines.clear()
+
+
+def _pids(engine: EngineApp) -> list[int]:
+    """The engine core's process and its children (the worker)."""
+    import psutil
+
+    manager = getattr(getattr(engine.engine, "engine_core", None), "resources", None)
+    procs = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
+    pids = []
+    for proc in procs:
+        try:
+            pids += [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return pids
+
+
+def retry_after(seconds: float) -> str:
+    """A Retry-After header value: whole seconds, at least 1."""
+    return str(max(1, math.ceil(seconds))) if math.isfinite(seconds) else "60"

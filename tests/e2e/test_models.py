@@ -1,0 +1,182 @@
+"""Many models on one replica (issue 32): a catalogue of three, room for two.
+
+One colocated replica serves the default model and two catalogue models
+(cluster/tiny_model.py sizes); `catalogue.memory_gb` holds two of the three,
+so a request for the third wakes it and evicts the least wanted. The stack is
+started once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from common.constants import REPO_ROOT
+from deployments.api_keys import hash_key
+from tests.e2e import prompts
+
+KEY_A, KEY_B = "models-key-a", "models-key-b"
+SMALL, DEEP, FIRST = "baton-small", "baton-deep", "baton-tiny"
+MIN_RESIDENT_S = 2
+
+
+@pytest.fixture(scope="module")
+def catalogue_stack(tmp_path_factory):
+    from bench.stack import StackProcess, write_config
+
+    cfg = yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())
+    models = [m for m in cfg["models"] if m["id"] in (SMALL, DEEP)]
+    # Three models of about 0.26 GiB each (0.25 GiB KV cache plus weights): two fit.
+    s = StackProcess(write_config(
+        tmp_path_factory.mktemp("models"), colocated=True, decode={"replicas": 1, "kv_cache_gb": 0.25},
+        models=models, catalogue={"memory_gb": 0.6, "min_resident_s": MIN_RESIDENT_S},
+        serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}}))
+    s.start()
+    yield s
+    assert s.stop() == 0, s.tail()
+
+
+def _client(stack, key: str = KEY_A) -> httpx.Client:
+    return httpx.Client(base_url=stack.url, headers={"authorization": f"Bearer {key}"}, timeout=120)
+
+
+def _chat(stack, model: str, name: str = "short", key: str = KEY_A, headers: dict | None = None) -> httpx.Response:
+    body = {"model": model, "messages": prompts.cases("plain")[name], "max_tokens": prompts.MAX_TOKENS,
+            "temperature": 0, "return_token_ids": True}
+    with _client(stack, key) as c:
+        return c.post("/v1/chat/completions", json=body, headers=headers or {})
+
+
+def _listing(stack) -> dict[str, dict]:
+    with _client(stack) as c:
+        r = c.get("/v1/models")
+    assert r.status_code == 200, r.text
+    return {m["id"]: m["baton"] for m in r.json()["data"]}
+
+
+def _make_resident(stack, model: str) -> None:
+    """Asks for `model` until it answers (its wake may wait out another's minimum residence)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = _chat(stack, model)
+        if r.status_code == 200:
+            return
+        assert r.status_code == 429, r.text
+        time.sleep(float(r.headers["retry-after"]))
+    raise AssertionError(f"{model} did not become resident")
+
+
+def test_models_lists_the_catalogue_and_what_is_resident(catalogue_stack):
+    listing = _listing(catalogue_stack)
+    assert set(listing) == {FIRST, SMALL, DEEP}
+    assert listing[FIRST]["resident"] and sum(m["resident"] for m in listing.values()) <= 2
+
+
+def test_unknown_model_is_a_404_naming_only_the_id_sent(catalogue_stack):
+    r = _chat(catalogue_stack, "no-such-model")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and "'no-such-model'" in err["message"]
+    assert SMALL not in err["message"] and FIRST not in err["message"]
+
+
+def test_a_cold_model_wakes_and_answers_as_a_fresh_engine_does(catalogue_stack, tmp_path):
+    ref_cfg = tmp_path / "small.yaml"
+    ref_cfg.write_text(yaml.safe_dump({"model": {"served_name": SMALL,
+                                                 "path": str(REPO_ROOT / "models" / "catalogue" / SMALL)}}))
+    out = subprocess.run([sys.executable, "-m", "tests.e2e.reference", str(ref_cfg)], capture_output=True,
+                         text=True, timeout=600, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("REFERENCE_JSON "))[15:])
+    _make_resident(catalogue_stack, SMALL)
+    for name in prompts.LENGTHS:
+        r = _chat(catalogue_stack, SMALL, name)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == ref[f"plain/{name}"]["token_ids"]
+    assert _listing(catalogue_stack)[SMALL]["resident"]
+
+
+def test_a_wake_that_cannot_meet_the_deadline_is_a_429_with_retry_after(catalogue_stack):
+    _make_resident(catalogue_stack, SMALL)
+    _make_resident(catalogue_stack, FIRST)  # DEEP is cold now: two of three fit
+    r = _chat(catalogue_stack, DEEP, headers={"x-baton-deadline-s": "0.2"})
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "model_loading" and int(r.headers["retry-after"]) >= 1
+
+
+def test_an_evicted_model_frees_its_memory(catalogue_stack):
+    _make_resident(catalogue_stack, SMALL)
+    _make_resident(catalogue_stack, FIRST)
+    before = _listing(catalogue_stack)
+    assert not before[DEEP]["resident"]
+    assert all(_rss(before[m]["pids"]) > 50 * 2**20 for m in (SMALL, FIRST))
+    time.sleep(MIN_RESIDENT_S)
+    _make_resident(catalogue_stack, DEEP)  # room for two: the least wanted of the others goes
+    after = _listing(catalogue_stack)
+    (evicted,) = [m for m in (SMALL, FIRST) if not after[m]["resident"]]
+    assert _rss(before[evicted]["pids"]) == 0  # its engine processes are gone
+    assert _rss(after[DEEP]["pids"]) > 50 * 2**20
+
+
+def test_a_dead_model_engine_is_woken_again_by_its_next_request(catalogue_stack):
+    _make_resident(catalogue_stack, DEEP)
+    for pid in _listing(catalogue_stack)[DEEP]["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:  # the first requests may see the dying engine; none hangs, and it comes back
+        r = _chat(catalogue_stack, DEEP)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        assert r.status_code in (429, 500, 503), r.text
+        time.sleep(float(r.headers.get("retry-after", 1)))
+    assert r.status_code == 200, r.text
+
+
+def test_usage_counters_equal_the_clients_usage_per_tenant_and_model(catalogue_stack):
+    _make_resident(catalogue_stack, FIRST)
+    _make_resident(catalogue_stack, SMALL)
+    before = _usage(catalogue_stack)
+    sent: dict[tuple, int] = {}
+    for key, tenant in ((KEY_A, "tenant-a"), (KEY_B, "tenant-b")):
+        for model in (FIRST, SMALL):
+            for name in ("short", "medium"):
+                usage = _chat(catalogue_stack, model, name, key=key).json()["usage"]
+                for kind, n in (("prompt", usage["prompt_tokens"]), ("completion", usage["completion_tokens"]),
+                                ("cached", usage["prompt_tokens_details"]["cached_tokens"])):
+                    sent[(tenant, model, kind)] = sent.get((tenant, model, kind), 0) + n
+    after = _usage(catalogue_stack)
+    assert {k: after.get(k, 0) - before.get(k, 0) for k in sent} == sent
+
+
+def _usage(stack) -> dict[tuple, int]:
+    """baton_usage_tokens_total by (tenant, model, kind), from the pool's /metrics."""
+    with _client(stack) as c:
+        text = c.get("/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("baton_usage_tokens_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
+            out[(labels["tenant"], labels["model"], labels["kind"])] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def _rss(pids: list[int]) -> int:
+    """Resident bytes of those of `pids` still alive."""
+    import psutil
+
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
