@@ -96,7 +96,9 @@ def _mooncake(cfg: BatonConfig) -> Component:
 def _http(url: str) -> Component:
     try:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:  # noqa: S310
-            models = [m["id"] for m in json.loads(resp.read())["data"]]
+            # A catalogue's entries say whether they are resident on the replica that answered.
+            models = [m["id"] + (" (resident)" if m.get("baton", {}).get("resident") else "")
+                      for m in json.loads(resp.read())["data"]]
         return Component("endpoint", "healthy", f"{url} serving {', '.join(models)}")
     except Exception as exc:  # noqa: BLE001
         return Component("endpoint", "down", f"{url}: {exc}")
