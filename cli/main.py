@@ -145,14 +145,14 @@ def cmd_secrets(args) -> int:
     return 0
 
 
-BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv")
+BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, kv, load, overload, reject, router, serve, ttft
+    from bench import affinity, kv, load, models, overload, reject, router, serve, ttft
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
-               "reject": reject, "router": router, "kv": kv}
+               "reject": reject, "router": router, "kv": kv, "models": models}
     return modules[args.what].main(args.extra)
 
 

@@ -149,3 +149,18 @@ def test_plan_changes_nothing_and_unknown_models_raise():
                  lambda: r.woke("x", 0.0), lambda: r.evicted("x"), lambda: r.demand("x", 0.0)):
         with pytest.raises(KeyError):
             call()
+
+
+def test_a_rarely_used_model_waits_for_the_rarely_used_slot_instead_of_evicting_a_model_in_use():
+    """Room for two: hot `a` in steady use and cold `b` resident; cold `c` evicts `b`, never `a`,
+    even when `b` has just woken and `a` is evictable by residence time alone."""
+    r = pool()
+    r.woke("a", 0.0)
+    for t in range(0, 100, 2):
+        r.request("a", float(t))
+    r.request("b", 90.0)
+    r.woke("b", 90.0)
+    r.request("c", 100.0)
+    plan = r.plan("c", 100.0)
+    assert plan == Plan(None, (), 20.0, "pinned")  # b may go at 120; a is more wanted than c
+    assert r.plan("c", 120.0).evict == ("b",)

@@ -1,0 +1,381 @@
+"""`baton bench models`: many models on one replica, against one engine per model.
+
+Two parts (`--parts`); every system runs alone on the machine, each on a fresh stack.
+- wake: a catalogue stack with room for two of three models (min_resident_s 2) has woken
+  `--model` once, then made the others resident; the timed streamed chat request for the
+  now cold model (first body byte, first token, total; the engine start from
+  baton_model_wake_seconds) against a fresh `vllm serve` of the same model and engine
+  settings, timed from its process start to the first token of the same request.
+  Rounds alternate the order. Ratio: Baton's TTFT / vllm serve's (target <= 0.25).
+- overcommit: level L serves the first L x `--room` of MODELS (hottest first: the shipped
+  five, then eight generated ones) in catalogue.memory_gb that holds their `--room` largest
+  budgets (each ~0.26 GiB), so budgets add up to about L x memory_gb. A seeded Zipf mix of
+  requests, closed loop, deadline header long enough to wait for swaps (429s counted, not
+  retried), against the same models and requests with every model resident (no memory_gb).
+  Each run starts after the `--room` hottest models (baseline: all) answered once and
+  `--warmup` requests of the same mix (unmeasured) gave residency the mix's demand. Reported: TTFT p50/p95 of the two hottest
+  models and ratios to the baseline, errors, 429s, wakes and evictions (/metrics deltas),
+  the usage counters' totals next to the usage the clients received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+
+import httpx
+import yaml
+
+from bench.models_plot import arm_stats, delta, metric_totals, rounded
+from bench.stack import StackProcess, bench_workdir, write_config
+from common.constants import CORPUS, DEADLINE_HEADER, DEFAULT_MODEL_DIR, REPO_ROOT
+from common.stats import percentile
+
+EXTRA = [{"id": f"baton-{size}-{n}", "generate": {"size": size, "seed": 20 + 10 * n + i}, "kv_cache_gb": 0.25}
+         for n in (2, 3) for i, size in enumerate(("small", "medium", "wide", "deep"))]
+FIRST = "baton-tiny"  # the stack's `model:`, always in the catalogue
+WAKE_MEMORY_GB = 0.6  # two of the wake stack's three models: each is 0.25 GiB of KV cache and 2-16 MB of weights
+WAKE_MIN_RESIDENT_S = 2.0
+
+
+def catalogue_entries() -> list[dict]:
+    """`models:` entries of every model after FIRST, hottest first: cluster/catalogue.yaml's, then EXTRA."""
+    return yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())["models"] + EXTRA
+
+
+MODELS = [FIRST] + [m["id"] for m in catalogue_entries()]
+
+
+def level_models(level: int, room: int) -> list[str]:
+    """The models overcommit `level` serves with room for `room`: the first level x room of MODELS."""
+    n = level * room
+    if level < 1 or room < 1 or n > len(MODELS):
+        raise ValueError(f"overcommit {level} x room {room} needs {n} models; there are {len(MODELS)}")
+    return MODELS[:n]
+
+
+def zipf_mix(models: list[str], n: int, s: float, seed: int) -> list[str]:
+    """`n` model ids drawn with weight 1 / rank**s (models hottest first); a pure function of its arguments."""
+    return random.Random(seed).choices(models, weights=[1 / (i + 1) ** s for i in range(len(models))], k=n)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def chat_body(rng: random.Random, words: int, max_tokens: int, vocab: list[str]) -> dict:
+    text = " ".join(rng.choice(vocab) for _ in range(words))
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+
+
+def generated(ids: list[str]) -> list[dict]:
+    """The `models:` entries of `ids` (all but FIRST), generated if they are not yet (progress on stderr)."""
+    from cluster import tiny_model
+    from common.config_models import CatalogueModel
+
+    entries = [e for e in catalogue_entries() if e["id"] in ids]
+    with redirect_stdout(sys.stderr):
+        tiny_model.generate_catalogue([CatalogueModel(**e) for e in entries])
+    return entries
+
+
+def budgets(ids: list[str]) -> dict[str, int]:
+    """Each model's budget in bytes as the catalogue counts it (weights plus 0.25 GiB of KV cache)."""
+    from common.config_models import CatalogueModel
+
+    first = CatalogueModel(id=FIRST, path=str(DEFAULT_MODEL_DIR), kv_cache_gb=0.25)
+    return {m.id: m.budget_bytes() for m in [first, *(CatalogueModel(**e) for e in generated(ids))]}
+
+
+def room_gb(ids: list[str], room: int) -> float:
+    """catalogue.memory_gb that holds any `room` of `ids` (their `room` largest budgets) and no more."""
+    return math.ceil(sum(sorted(budgets(ids).values())[-room:]) / 2**30 * 1000) / 1000
+
+
+def stack_config(workdir: Path, ids: list[str], memory_gb: float | None, min_resident_s: float) -> Path:
+    """A colocated one-replica stack serving `ids` (FIRST first); memory_gb None: all resident."""
+    catalogue = {"min_resident_s": min_resident_s, **({"memory_gb": memory_gb} if memory_gb else {})}
+    return write_config(workdir, colocated=True, decode={"replicas": 1, "kv_cache_gb": 0.25}, models=generated(ids),
+                        catalogue=catalogue, tracing={"exporter": "none"})
+
+
+def scrape(url: str) -> dict:
+    return metric_totals(httpx.get(f"{url}/metrics", timeout=30).text)
+
+
+def resident(url: str) -> list[str]:
+    return [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if m["baton"]["resident"]]
+
+
+def answer_once(url: str, model: str, deadline_s: float = 120) -> None:
+    """One short chat request for `model`, waiting out swaps; raises if it is not answered."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={DEADLINE_HEADER: str(deadline_s)},
+                   timeout=deadline_s + 60)
+    r.raise_for_status()
+
+
+def timed_chat(url: str, model: str, body: dict, since: float | None = None) -> dict:
+    """Streams one chat request; seconds from `since` (default: the send) to the first body byte, the first
+    content token and the end."""
+    t0 = time.perf_counter()
+    since = t0 if since is None else since
+    first_byte = first_token = None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "model": model, "stream": True},
+                      timeout=600) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            first_byte = first_byte or time.perf_counter()
+            if first_token is None and line.startswith("data: {"):
+                if any((c.get("delta") or {}).get("content") for c in json.loads(line[6:]).get("choices") or []):
+                    first_token = time.perf_counter()
+    end = time.perf_counter()
+    return {"first_byte_s": round(first_byte - since, 4), "ttft_s": round((first_token or end) - since, 4),
+            "total_s": round(end - since, 4)}
+
+
+async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadline_s: float) -> list:
+    """Sends every (model, body) of `mix`, streamed, at most `concurrency` at a time; (model,
+    RequestResult) each, failures included (bench/load.py's stream reader)."""
+    from bench.load import _stream
+    from bench.loadgen import RequestResult
+
+    sem, t0 = asyncio.Semaphore(concurrency), time.perf_counter()
+
+    async def one(client: httpx.AsyncClient, i: int, model: str, body: dict) -> tuple:
+        result = RequestResult(index=i)
+        async with sem:
+            sent = time.perf_counter()
+            result.sent_s = sent - t0
+            try:
+                await _stream(client, f"{url}/v1/chat/completions", {
+                    **body, "model": model, "stream": True, "stream_options": {"include_usage": True}},
+                    {DEADLINE_HEADER: str(deadline_s)}, result, sent)
+            except Exception as exc:  # noqa: BLE001 - every failure is a result
+                result.error = f"{type(exc).__name__}: {exc}"[:300].removeprefix("RuntimeError: ")
+        return model, result
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(deadline_s + 300, connect=10), limits=limits) as client:
+        return list(await asyncio.gather(*(one(client, i, m, b) for i, (m, b) in enumerate(mix))))
+
+
+# -- wake ------------------------------------------------------------------------------
+
+
+def _others(model: str) -> list[str]:
+    """The two models the wake stack serves besides `model`: the first two others of MODELS."""
+    return [m for m in MODELS if m != model][:2]
+
+
+def _wake_config(args, workdir: Path) -> Path:
+    ids = [m for m in MODELS if m == args.model or m in _others(args.model)]
+    return stack_config(workdir, ids, WAKE_MEMORY_GB, WAKE_MIN_RESIDENT_S)
+
+
+def baton_wake(args, workdir: Path, body: dict) -> dict:
+    """A catalogue stack (room for two of three); the timed request for `args.model` once it is cold."""
+    stack = StackProcess(_wake_config(args, workdir))
+    stack.start()
+    try:
+        answer_once(stack.url, args.model)  # a running stack has woken models before
+        for _ in range(5):  # the others, until the model is evicted
+            for other in _others(args.model):
+                answer_once(stack.url, other)
+            if args.model not in resident(stack.url):
+                break
+        time.sleep(WAKE_MIN_RESIDENT_S + 0.5)  # both others may be evicted now
+        before = scrape(stack.url)
+        out = timed_chat(stack.url, args.model, body)
+        d = delta(scrape(stack.url), before)
+        n = d.get(("wake_s_count", args.model))
+        out["wake_engine_s"] = round(d[("wake_s_sum", args.model)] / n, 3) if n else None
+        out["resident_after"] = resident(stack.url)
+    finally:
+        stack.stop()
+    return out
+
+
+def vllm_start(args, workdir: Path, body: dict) -> dict:
+    """A fresh `vllm serve` of `args.model` (the wake stack's engine settings), timed from its start."""
+    from bench.peers import VllmServe
+    from common.config import load_config
+    from common.config_models import catalogue_models, for_model
+
+    cfg = load_config(_wake_config(args, workdir), environ={})
+    one = for_model(cfg, next(m for m in catalogue_models(cfg) if m.id == args.model))
+    server = VllmServe(one, workdir / "vllm-serve.log")
+    t0 = time.perf_counter()
+    with started_fast(server):
+        ready = time.perf_counter() - t0
+        out = timed_chat(server.url, args.model, body, since=t0)
+    return {"ready_s": round(ready, 3), **out}
+
+
+@contextmanager
+def started_fast(server):
+    """Runs `server` (a bench.peers VllmServe) polling its /health every 50 ms, where entering it polls each
+    second: its start-up is what is timed. Stops it by PID on exit."""
+    server.log.parent.mkdir(parents=True, exist_ok=True)
+    with server.log.open("w") as out:
+        server.proc = subprocess.Popen(server.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=server.env, cwd=REPO_ROOT)
+    try:
+        while not _healthy(server.url):
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {server.proc.returncode}; see {server.log}")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.__exit__()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run_wake(args, workdir: Path) -> dict:
+    body = chat_body(random.Random(args.seed), args.prompt_words, args.max_tokens, CORPUS.read_text().split())
+    rounds = []
+    for n in range(args.wake_rounds):
+        order = ("baton", "vllm_serve") if n % 2 == 0 else ("vllm_serve", "baton")
+        rnd: dict = {"order": list(order)}
+        for system in order:
+            log(f"wake round {n + 1}/{args.wake_rounds}: {system} ...")
+            fn = baton_wake if system == "baton" else vllm_start
+            rnd[system] = fn(args, workdir / f"round{n + 1}-{system}", body)
+            log(f"  {system}: {json.dumps(rnd[system])}")
+        rnd["ratio"] = ratio(rnd["baton"]["ttft_s"], rnd["vllm_serve"]["ttft_s"])
+        rounds.append(rnd)
+    return {"model": args.model, "min_resident_s": WAKE_MIN_RESIDENT_S, "target_ratio": 0.25,
+            "ratio_is": "baton TTFT of a cold model / vllm serve process start to first token",
+            "rounds": rounds, "median_ratio": rounded(percentile([r["ratio"] for r in rounds], 50))}
+
+
+# -- overcommit -------------------------------------------------------------------------
+
+
+def measure_arm(args, workdir: Path, ids: list[str], memory_gb: float | None, mix: list, label: str,
+                warm: list) -> tuple:
+    """Starts a stack for `ids`, has its first `room` models (all when memory_gb is None) answer once,
+    sends `warm` unmeasured (so residency has seen the mix's demand), then `mix`, and stops it; (stats, rows)."""
+    log(f"{label}: starting baton ...")
+    stack = StackProcess(stack_config(workdir, ids, memory_gb, args.min_resident_s))
+    stack.start()
+    try:
+        for m in ids if memory_gb is None else ids[:args.room]:
+            answer_once(stack.url, m)
+        if warm:
+            log(f"  {label}: {len(warm)} warm-up requests (not measured) ...")
+            asyncio.run(drive(stack.url, warm, args.concurrency, args.deadline_s))
+        at_start, before, t0 = resident(stack.url), scrape(stack.url), time.perf_counter()
+        rows = asyncio.run(drive(stack.url, mix, args.concurrency, args.deadline_s))
+        wall = time.perf_counter() - t0
+        stats = arm_stats(rows, ids[:2], delta(scrape(stack.url), before))
+    finally:
+        stack.stop()
+    stats.update(resident_at_start=at_start, wall_s=round(wall, 2))
+    log(f"  {label}: {json.dumps(stats)}")
+    return stats, rows
+
+
+def run_level(args, level: int, workdir: Path) -> dict:
+    ids = level_models(level, args.room)
+    memory_gb, total_gb = room_gb(ids, args.room), sum(budgets(ids).values()) / 2**30
+    rng, vocab = random.Random(args.seed + level), CORPUS.read_text().split()
+    mix = [(m, chat_body(rng, args.prompt_words, args.max_tokens, vocab))
+           for m in zipf_mix(ids, args.requests, args.zipf_s, args.seed + level)]
+    warm = [(m, chat_body(rng, args.prompt_words, args.max_tokens, vocab))
+            for m in zipf_mix(ids, args.warmup, args.zipf_s, args.seed + level + 1000)]
+    arms = {"overcommitted": memory_gb, "baseline": None}
+    reps: list[dict] = []
+    pooled: dict[str, list] = {a: [] for a in arms}
+    for rep in range(args.repeats):
+        reps.append({})
+        for arm in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
+            reps[-1][arm], rows = measure_arm(args, workdir / f"{arm}-{rep + 1}", ids, arms[arm], mix,
+                                              f"overcommit {level}x/{arm} (repeat {rep + 1}/{args.repeats})", warm)
+            pooled[arm] += rows
+    out = {"models": ids, "hot": ids[:2], "memory_gb": memory_gb, "budgets_gb": round(total_gb, 3),
+           "overcommit_actual": round(total_gb / memory_gb, 2), "repeats": reps}
+    for arm in arms:
+        out[arm] = reps[0][arm] if args.repeats == 1 else arm_stats(pooled[arm], ids[:2])
+    a, b = out["overcommitted"], out["baseline"]
+    out.update(ratio_p50=ratio(a["hot_ttft_p50_s"], b["hot_ttft_p50_s"]),
+               ratio_p95=ratio(a["hot_ttft_p95_s"], b["hot_ttft_p95_s"]),
+               usage_equal=all(r[arm]["usage"]["equal"] for r in reps for arm in arms))
+    return out
+
+
+def run_overcommit(args, levels: list[int], workdir: Path) -> dict:
+    return {"mapping": f"room for {args.room} models: level L serves the first L x {args.room} of {MODELS} (the "
+                       f"first two the hottest; {args.warmup} unmeasured warm-up requests first) with catalogue.memory_gb the sum of their {args.room} largest "
+                       "budgets; baseline: the same models and requests, catalogue.memory_gb unset (all resident)",
+            "levels": {str(level): run_level(args, level, workdir / f"{level}x") for level in levels}}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.models_plot import plot, table
+
+    p = argparse.ArgumentParser(prog="baton bench models", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="wake,overcommit", help="wake, overcommit or both")
+    p.add_argument("--model", default="baton-small", help="the model the wake part wakes")
+    p.add_argument("--wake-rounds", type=int, default=3)
+    p.add_argument("--overcommit", default="1,2,4", help="overcommit levels (budgets over room)")
+    p.add_argument("--room", type=int, default=3, help="models the overcommitted stacks hold at once")
+    p.add_argument("--warmup", type=int, default=60, help="unmeasured requests of the same mix first")
+    p.add_argument("--repeats", type=int, default=1, help="runs per level, alternating which stack goes first")
+    p.add_argument("--requests", type=int, default=200, help="requests per run")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--zipf-s", type=float, default=1.2, help="Zipf exponent of the model mix")
+    p.add_argument("--prompt-words", type=int, default=60)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--min-resident-s", type=float, default=5.0, help="catalogue.min_resident_s of overcommit runs")
+    p.add_argument("--deadline-s", type=float, default=120.0, help="x-baton-deadline-s of overcommit requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench_models.json")
+    p.add_argument("--plot", type=Path, help="also draw the result here (PNG)")
+    args = p.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if unknown := parts - {"wake", "overcommit"}:
+        p.error(f"unknown parts {sorted(unknown)}")
+    levels = [int(x) for x in args.overcommit.split(",") if x] if "overcommit" in parts else []
+    for level in levels:
+        try:
+            level_models(level, args.room)
+        except ValueError as exc:
+            p.error(str(exc))
+    workdir = bench_workdir("bench-models")
+    doc: dict = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    if "wake" in parts and args.wake_rounds > 0:
+        doc["wake"] = run_wake(args, workdir / "wake")
+    if levels:
+        doc["overcommit"] = run_overcommit(args, levels, workdir / "overcommit")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(table(doc))
+    if args.plot:
+        plot(doc, args.plot)
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
