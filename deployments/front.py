@@ -32,7 +32,7 @@ import redis
 from actors.finisher import COMPLETION_PATHS, INFO_HEADER, ask_usage, error_code, header, usage_headers
 from common import tracing
 from common.config import BatonConfig
-from common.constants import DEADLINE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, TIER_HEADER
+from common.constants import REQUEST_ID_HEADER, SESSION_HEADER
 from common.response import BatonInfo
 from deployments import first_token, relay, schemas
 from deployments.admission import AsyncAdmission, Shed
@@ -40,6 +40,7 @@ from deployments.api_keys import KeyTable
 from deployments.bodies import check_length, read_body
 from deployments.metrics import IngressMetrics
 from deployments.metrics_scrape import pool_metrics
+from deployments.request_headers import deadline_of, tenant_of, tier_of
 from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError
 from routing.spill import SpillChooser
@@ -92,7 +93,7 @@ class Front:
                 return await respond(send, 200, await self.metrics_text(), content_type=b"text/plain")
             if path == "/openapi.json":
                 return await respond(send, 200, schemas.openapi_document())
-            self._tenant(scope)
+            tenant_of(scope, self.cfg.serve, self.keys)
             if path == "/v1/models":
                 ready, why = await self.readiness()
                 if not ready:
@@ -128,24 +129,6 @@ class Front:
 
     # -- request preparation -------------------------------------------------
 
-    def _tenant(self, scope) -> str:
-        """The request's tenant, from its API key (deployments/api_keys.py); 401 if the key is wrong,
-        or missing where keys are required. With no keys issued and none required, any key is anonymous."""
-        s = self.cfg.serve
-        auth = header(scope["headers"], b"authorization")
-        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        if not token:
-            if s.require_api_key:
-                raise APIError(401, "Missing API key: send `Authorization: Bearer <key>`",
-                               code="invalid_api_key")
-            return s.anonymous_tenant
-        tenant = self.keys.tenant(token)
-        if tenant is not None:
-            return tenant
-        if self.keys.empty and not s.require_api_key:
-            return s.anonymous_tenant
-        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
-
     def _parse(self, kind: str, raw: bytes) -> dict:
         """The validated body as a dict; APIError(4xx) when it is not acceptable."""
         schema = schemas.ChatCompletionRequest if kind == "chat" else schemas.CompletionRequest
@@ -155,36 +138,16 @@ class Front:
                            code="model_not_found")
         return json.loads(raw)
 
-    @staticmethod
-    def _deadline(scope) -> float | None:
-        if not (raw := header(scope["headers"], DEADLINE_HEADER.encode())):
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise APIError(400, f"{DEADLINE_HEADER} must be a number of seconds", param=DEADLINE_HEADER) from None
-        if not 0 < value <= 3600:
-            raise APIError(400, f"{DEADLINE_HEADER} must be in (0, 3600]", param=DEADLINE_HEADER)
-        return value
-
-    def _tier(self, scope) -> str | None:
-        """The requested tier (admission lowers it to the tenant's if higher); 400 if unknown."""
-        raw = header(scope["headers"], TIER_HEADER.encode()) or None
-        tiers = self.cfg.admission.tiers
-        if raw is not None and raw not in tiers:
-            raise APIError(400, f"{TIER_HEADER} must be one of {tiers}", param=TIER_HEADER)
-        return raw
-
     # -- the request path -----------------------------------------------------
 
     async def _completion(self, scope, receive, send) -> None:
         kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
-        tenant = self._tenant(scope)
+        tenant = tenant_of(scope, self.cfg.serve, self.keys)
         limit = self.cfg.serve.max_body_bytes
         await check_length(scope, receive, limit)
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
-        permit = await self._admit(tenant, self._tier(scope), self._deadline(scope),
+        permit = await self._admit(tenant, tier_of(scope, self.cfg.admission.tiers), deadline_of(scope),
                                    _small_body(scope))
         try:
             body = self._parse(kind, await read_body(receive, limit))
@@ -268,7 +231,7 @@ class Front:
         """The app of `model` in this replica's catalogue, woken if cold; a 429 with Retry-After (the
         permit released) when it cannot be loaded before the request's deadline."""
         try:
-            return await self.models.acquire(model, self._deadline(scope) or self.cfg.admission.default_deadline_s)
+            return await self.models.acquire(model, deadline_of(scope) or self.cfg.admission.default_deadline_s)
         except BaseException:
             self._release(permit, tenant)
             raise

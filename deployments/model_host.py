@@ -100,12 +100,12 @@ class ModelHost:
                 if now - start + ready_in > deadline_s:
                     raise ModelUnavailable(429, f"The model '{model}' is not loaded and cannot be loaded within "
                                            "this request's deadline; retry later", ready_in)
-                if plan.wait_s > 0:
-                    await asyncio.sleep(plan.wait_s)
+                if plan.wait_s <= 0:
+                    for victim in plan.evict:
+                        await self._drop(victim)
+                    await self._wake(model, now)
                     continue
-                for victim in plan.evict:
-                    await self._drop(victim)
-                await self._wake(model, now)
+            await asyncio.sleep(plan.wait_s)  # outside the lock: other models' swaps go on meanwhile
 
     def release(self, model: str) -> None:
         """Ends one request `acquire` counted on `model`."""
@@ -117,7 +117,13 @@ class ModelHost:
         """Starts `model`'s engine; on failure the catalogue is as before and ModelUnavailable says why."""
         self.residency.woke(model, now)
         t0 = time.monotonic()
-        engine = EngineApp(for_model(self.cfg, self.entries[model]), "colocated", self.replica, self.events_host)
+        entry = self.entries[model]
+        if entry.runtime_env is not None:  # its own environment: a Ray actor (deployments/model_actor.py)
+            from deployments.model_actor import RemoteEngine
+
+            engine = RemoteEngine(self.cfg, model, self.replica, entry.runtime_env)
+        else:
+            engine = EngineApp(for_model(self.cfg, entry), "colocated", self.replica, self.events_host)
         try:
             await engine.start()
         except Exception as exc:  # noqa: BLE001 - a failed start must not leave the model listed as resident
@@ -185,9 +191,12 @@ class ModelHost:
         self.engines.clear()
 
 
-def _pids(engine: EngineApp) -> list[int]:
-    """The engine core's process and its children (the worker)."""
+def _pids(engine) -> list[int]:
+    """The engine core's process and its children (the worker); a RemoteEngine's as its actor said."""
     import psutil
+
+    if hasattr(engine, "pids"):
+        return list(engine.pids)
 
     manager = getattr(getattr(engine.engine, "engine_core", None), "resources", None)
     procs = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
