@@ -21,6 +21,7 @@ from common.engine_threads import THREAD_KEYS
 from common.config import BatonConfig, PoolConfig
 from deployments.kv_indexer import KVIndexer
 from deployments.replica import EngineReplica
+from deployments.runtime_envs import with_uploaded_envs
 
 
 def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
@@ -60,6 +61,7 @@ def build_app(cfg: BatonConfig, mooncake_config: Path | None, env: dict[str, str
     """The bound application; `mooncake_config` is the workers' JSON file, `env` the environment of
     every replica, `threads` that of CPU engines (common/engine_threads.py) whose pool sets none."""
     env, threads = env or {}, threads or {}
+    cfg = with_uploaded_envs(cfg)  # catalogue models' local py_modules / working_dir, as ray.init uploads them
     if cfg.colocated and not cfg.routes():
         return _pool(cfg, "colocated", cfg.decode, None, env, threads)
     # Its Serve replica runs a gRPC server of Ray's that binds a wildcard, as the engines' do.

@@ -63,6 +63,7 @@ class ModelHost:
         self.in_flight: Counter = Counter()
         self.wake_s: dict[str, float] = {}
         self.swap = asyncio.Lock()
+        self._waking: dict[str, asyncio.Task] = {}  # models waking for no request in particular
         self.on_usage = None  # set by the replica: every model's Finisher reports usage to it
         self.metrics = None  # the front's IngressMetrics, for wake and eviction counts
         self.events_replay = None  # no KV events: a catalogue's fronts serve their own engines
@@ -95,23 +96,54 @@ class ModelHost:
                     continue
                 await self._drop(model)
                 now = time.monotonic()
-                plan = self.residency.plan(model, now, busy={m for m, n in self.in_flight.items() if n})
+                plan = self._plan(model, now)
                 ready_in = plan.wait_s + self.wake_s.get(model, FIRST_WAKE_GUESS_S)
                 if now - start + ready_in > deadline_s:
+                    if math.isfinite(plan.wait_s) and model not in self._waking:
+                        # It wakes anyway, as soon as it can, for the retry Retry-After asks for.
+                        give_up = now + ready_in + self.cfg.catalogue.min_resident_s
+                        self._waking[model] = asyncio.ensure_future(self._wake_alone(model, give_up))
                     raise ModelUnavailable(429, f"The model '{model}' is not loaded and cannot be loaded within "
                                            "this request's deadline; retry later", ready_in)
                 if plan.wait_s <= 0:
-                    for victim in plan.evict:
-                        await self._drop(victim)
-                    await self._wake(model, now)
+                    await self._swap_in(model, plan.evict, now)
                     continue
             await asyncio.sleep(plan.wait_s)  # outside the lock: other models' swaps go on meanwhile
+
+    async def _wake_alone(self, model: str, give_up_at: float) -> None:
+        """Wakes `model` for no request in particular (one whose deadline was too short asked) as soon
+        as residency allows, until `give_up_at`; a failed start is only counted (the next request sees it)."""
+        try:
+            while time.monotonic() < give_up_at:
+                async with self.swap:
+                    now = time.monotonic()
+                    plan = self._plan(model, now)
+                    if plan.wake is None and plan.reason != "pinned":
+                        return
+                    if plan.wait_s <= 0:
+                        await self._swap_in(model, plan.evict, now)
+                        return
+                await asyncio.sleep(min(plan.wait_s, max(0.0, give_up_at - time.monotonic())))
+        except ModelUnavailable:
+            pass
+        finally:
+            self._waking.pop(model, None)
+
+    def _plan(self, model: str, now: float):
+        """Residency's plan for waking `model`; models with requests in flight are never victims."""
+        return self.residency.plan(model, now, busy={m for m, n in self.in_flight.items() if n})
 
     def release(self, model: str) -> None:
         """Ends one request `acquire` counted on `model`."""
         self.in_flight[model] -= 1
 
     # -- swaps (under `swap`) ------------------------------------------------------
+
+    async def _swap_in(self, model: str, victims: tuple[str, ...], now: float) -> None:
+        """Stops `victims`, then starts `model` (ModelUnavailable if it fails)."""
+        for victim in victims:
+            await self._drop(victim)
+        await self._wake(model, now)
 
     async def _wake(self, model: str, now: float) -> None:
         """Starts `model`'s engine; on failure the catalogue is as before and ModelUnavailable says why."""

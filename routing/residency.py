@@ -11,11 +11,13 @@ would take:
 * Hysteresis: a model resident for less than ``min_resident_s`` is never a
   victim, so two models alternating on room for one swap at most once per
   ``min_resident_s``.
-* Demand guard: a victim whose decayed demand is more than the
+* Demand guard: a victim whose decayed demand is more than twice the
   requester's is never evicted unless it has been idle (no request) for
   ``min_resident_s``: a rarely used model waits for room among the rarely
   used, or for the wanted ones to go quiet, rather than evicting a model in
-  steady use (whose next requests would all pay a wake). Both demands decay at the same half-life, so their
+  steady use (whose next requests would all pay a wake). Models of similar
+  demand take turns (at most one swap per ``min_resident_s``), so none
+  starves. Both demands decay at the same half-life, so their
   ratio does not change with time alone; such a victim frees up only once
   it has been idle that long.
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-_DEMAND_GUARD = 1.0  # a victim more wanted than the requester is kept while it is in use
+_DEMAND_GUARD = 2.0  # a victim more than twice as wanted as the requester is kept while in use
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,16 @@ from tests.e2e import prompts
 KEY_A, KEY_B = "models-key-a", "models-key-b"
 SMALL, DEEP, FIRST = "baton-small", "baton-deep", "baton-tiny"
 MIN_RESIDENT_S = 2
+PROBE = "baton_probe"
+ENVS = {"baton-env-1": "1.0", "baton-env-2": "2.0"}  # model -> the probe package version of its environment
+PROBE_DRIVER = """
+import json, sys
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+[name] = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+          if a["name"].startswith("baton-model:") and a["name"].endswith(":" + sys.argv[2])]
+print("PROBE " + json.dumps(ray.get(ray.get_actor(name, namespace="baton").probe.remote(sys.argv[3]))))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +45,17 @@ def catalogue_stack(tmp_path_factory):
 
     cfg = yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())
     models = [m for m in cfg["models"] if m["id"] in (SMALL, DEEP)]
-    # Three models of about 0.26 GiB each (0.25 GiB KV cache plus weights): two fit.
+    # Two more, each in its own Ray runtime_env whose py_modules carry another version of one package.
+    workdir = tmp_path_factory.mktemp("models")
+    for env, version in ENVS.items():
+        package = workdir / env / PROBE
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f'__version__ = "{version}"\n')
+        models.append({"id": env, "path": str(REPO_ROOT / "models" / "catalogue" / "baton-medium"),
+                       "runtime_env": {"py_modules": [str(package)]}})
+    # Five models of about 0.26 GiB each (0.25 GiB KV cache plus weights): two fit.
     s = StackProcess(write_config(
-        tmp_path_factory.mktemp("models"), colocated=True, decode={"replicas": 1, "kv_cache_gb": 0.25},
+        workdir, colocated=True, decode={"replicas": 1, "kv_cache_gb": 0.25},
         models=models, catalogue={"memory_gb": 0.6, "min_resident_s": MIN_RESIDENT_S},
         serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}}))
     s.start()
@@ -77,7 +95,7 @@ def _make_resident(stack, model: str) -> None:
 
 def test_models_lists_the_catalogue_and_what_is_resident(catalogue_stack):
     listing = _listing(catalogue_stack)
-    assert set(listing) == {FIRST, SMALL, DEEP}
+    assert set(listing) == {FIRST, SMALL, DEEP, *ENVS}
     assert listing[FIRST]["resident"] and sum(m["resident"] for m in listing.values()) <= 2
 
 
@@ -111,6 +129,10 @@ def test_a_wake_that_cannot_meet_the_deadline_is_a_429_with_retry_after(catalogu
     r = _chat(catalogue_stack, DEEP, headers={"x-baton-deadline-s": "0.2"})
     assert r.status_code == 429, r.text
     assert r.json()["error"]["code"] == "model_loading" and int(r.headers["retry-after"]) >= 1
+    deadline = time.monotonic() + 60  # it wakes anyway, for the retry Retry-After asks for
+    while not _listing(catalogue_stack)[DEEP]["resident"]:
+        assert time.monotonic() < deadline, "the refused request's model did not wake"
+        time.sleep(1)
 
 
 def test_an_evicted_model_frees_its_memory(catalogue_stack):
@@ -139,6 +161,18 @@ def test_a_dead_model_engine_is_woken_again_by_its_next_request(catalogue_stack)
         assert r.status_code in (429, 500, 503), r.text
         time.sleep(float(r.headers.get("retry-after", 1)))
     assert r.status_code == 200, r.text
+
+
+def test_models_in_their_own_runtime_env_each_see_their_own_package_version(catalogue_stack):
+    for model, version in ENVS.items():
+        _make_resident(catalogue_stack, model)
+        out = catalogue_stack.driver(PROBE_DRIVER, model, PROBE, timeout=120)
+        probe = json.loads(next(x for x in out.splitlines() if x.startswith("PROBE ")).split(" ", 1)[1])
+        assert probe["version"] == version, probe
+        pids = _listing(catalogue_stack)[model]["pids"]
+        assert pids and _rss(pids) > 50 * 2**20  # the model's own engine processes
+    with pytest.raises(ImportError):  # the base environment (the replica's) has no such package
+        __import__(PROBE)
 
 
 def test_usage_counters_equal_the_clients_usage_per_tenant_and_model(catalogue_stack):
