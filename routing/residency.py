@@ -7,7 +7,9 @@ set and each model's recent demand, and `plan` says what waking a model
 would take:
 
 * Victims are resident models that are not busy (no request in flight),
-  taken least demand first (ties: least recently used, then name).
+  taken least demand first (ties: least recently used, then name). When
+  those victims may not go yet, the plan waits for them rather than
+  evicting a more wanted model that could go now.
 * Hysteresis: a model resident for less than ``min_resident_s`` is never a
   victim, so two models alternating on room for one swap at most once per
   ``min_resident_s``.
@@ -118,10 +120,13 @@ class Residency:
         if need <= 0:
             return Plan(model, (), 0.0, "fits")
         ready = self._evictable_at(model, now, busy)
-        victims = self._victims(now, [v for v, t in ready.items() if t <= now], need)
-        if victims is not None:
+        victims = self._victims(now, list(ready), need)
+        if victims is None:  # even every idle resident together is too little
+            return Plan(None, (), math.inf, "pinned")
+        at = max(ready[v] for v in victims)
+        if at <= now:
             return Plan(model, victims, 0.0, "evict")
-        return Plan(None, (), self._earliest(ready, need) - now, "pinned")
+        return Plan(None, (), at - now, "pinned")
 
     def _evictable_at(self, model: str, now: float, busy: set[str] | frozenset[str]) -> dict[str, float]:
         """Each non-busy resident model -> the earliest time it may be evicted for ``model``."""
@@ -148,15 +153,6 @@ class Residency:
             chosen.append(v)
             freed += self.budgets[v]
         return tuple(chosen) if freed >= need else None
-
-    def _earliest(self, ready: dict[str, float], need: int) -> float:
-        """The first time the victims evictable by then free ``need`` bytes; inf if never."""
-        freed = 0
-        for v, t in sorted(ready.items(), key=lambda kv: kv[1]):
-            freed += self.budgets[v]
-            if freed >= need:
-                return t
-        return math.inf
 
     def _last_used(self, model: str) -> float:
         return max(self._last_request.get(model, -math.inf), self._since.get(model, -math.inf))

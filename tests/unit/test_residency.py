@@ -164,3 +164,16 @@ def test_a_rarely_used_model_waits_for_the_rarely_used_slot_instead_of_evicting_
     plan = r.plan("c", 100.0)
     assert plan == Plan(None, (), 20.0, "pinned")  # b may go at 120; a is more wanted than c
     assert r.plan("c", 120.0).evict == ("b",)
+
+
+def test_the_plan_waits_for_the_least_wanted_victim_rather_than_evict_a_more_wanted_one_now():
+    r = pool(capacity=150, a=50, b=50, c=50, d=50)  # room for three: hot `a`, warm `b`, `c` woken just now
+    r.woke("a", 0.0)
+    r.woke("b", 0.0)
+    for t in range(0, 100, 5):
+        r.request("a", float(t))
+        r.request("b", float(t) + 1)
+    r.woke("c", 95.0)
+    r.request("d", 100.0)  # b is evictable now (resident long, d not 2x below it); c is the least wanted
+    assert r.plan("d", 100.0) == Plan(None, (), 25.0, "pinned")
+    assert r.plan("d", 125.0).evict == ("c",)
