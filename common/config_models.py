@@ -20,6 +20,7 @@ from common.config_base import _Strict
 from common.constants import REPO_ROOT
 
 CATALOGUE_DIR = REPO_ROOT / "models" / "catalogue"
+_RUNTIME_ENV_KEYS = {"env_vars", "py_modules", "pip", "uv", "working_dir", "excludes", "config"}
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
@@ -40,6 +41,20 @@ class CatalogueModel(_Strict):
         "null: its checkpoint's size plus kv_cache_gb")
     engine_args: dict[str, Any] = Field(default_factory=dict,
                                         description="extra vLLM AsyncEngineArgs for this model's engines")
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime_env of this model's engine (py_modules, pip, env_vars, ...): the model "
+        "then runs in its own Ray actor and environment (deployments/model_actor.py); null: the replica's")
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _runtime_env(cls, v: dict | None) -> dict | None:
+        if v is not None:
+            unknown = set(v) - _RUNTIME_ENV_KEYS
+            if unknown:
+                raise ValueError(f"unknown runtime_env fields {sorted(unknown)}; use {sorted(_RUNTIME_ENV_KEYS)}")
+            if not all(isinstance(x, str) for x in (v.get("env_vars") or {}).values()):
+                raise ValueError("runtime_env.env_vars values must be strings")
+        return v
 
     @field_validator("id")
     @classmethod

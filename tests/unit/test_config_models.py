@@ -53,6 +53,8 @@ models: [{id: other, path: /ckpt/other, kv_cache_gb: 0.5, engine_args: {max_num_
     ("colocated: true\nmodels: [{id: 'bad id'}]", "models.0.id"),
     ("colocated: true\nmodels: [{id: a, kv_cache_gb: 0}]", "models.0.kv_cache_gb"),
     ("colocated: true\nmodels: [{id: a, speed: 3}]", "models.0.speed"),
+    ("colocated: true\nmodels: [{id: a, runtime_env: {conda: x}}]", "unknown runtime_env fields ['conda']"),
+    ("colocated: true\nmodels: [{id: a, runtime_env: {env_vars: {A: 1}}}]", "env_vars values must be strings"),
 ])
 def test_bad_catalogue_is_named_with_the_file(tmp_path, text, field):
     with pytest.raises(ConfigError, match="baton.yaml") as err:
