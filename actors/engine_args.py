@@ -15,6 +15,7 @@ import os
 from typing import Any, Literal
 
 from common.config import BatonConfig, ConfigError, parse_size
+from common.config_models import check_budgets
 from common.listeners import is_loopback
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -104,6 +105,7 @@ def validate(cfg: BatonConfig, source: str) -> None:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: set by Baton from `model`; remove it")
             if key not in known:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: not a vLLM engine argument")
+    check_budgets(cfg, source)
     for i, entry in enumerate(cfg.models):
         for key in entry.engine_args:
             field = f"models.{i}.engine_args.{key}"

@@ -114,3 +114,19 @@ def check_catalogue(cfg):
         raise ValueError("models: a catalogue runs on colocated stacks whose fronts serve their own engines "
                          "(colocated: true with one decode replica, or routing.colocated_router: false)")
     return cfg
+
+
+def check_budgets(cfg, source: str) -> None:
+    """Raises ConfigError naming the entry and `source` if one model's budget alone exceeds
+    `catalogue.memory_gb` (it could never be resident); reads the checkpoints' sizes."""
+    from common.config_base import ConfigError
+
+    if not cfg.models or not cfg.catalogue.memory_gb:
+        return
+    room = int(cfg.catalogue.memory_gb * 2**30)
+    for i, entry in enumerate(catalogue_models(cfg)):
+        if entry.budget_bytes() > room:
+            field = "model (with decode.kv_cache_gb)" if i == 0 else f"models.{i - 1}"
+            raise ConfigError(f"invalid config in {source}:\n  {field}: {entry.id} needs "
+                              f"{entry.budget_bytes() / 2**30:.2f} GiB, more than catalogue.memory_gb "
+                              f"({cfg.catalogue.memory_gb} GiB) gives all models together")

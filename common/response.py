@@ -16,7 +16,8 @@ from dataclasses import dataclass
 class BatonInfo:
     """What Baton did with one request; optional fields are left out when unset."""
 
-    # pinned | prefix | load | round_robin | colocated | fallback | no_replicas
+    # pinned | moved | prefix | load | round_robin | colocated | spill | fallback | no_replicas | model (a peer
+    # replica that has the catalogue model resident)
     route: str | None = None
     decode_only: bool | None = None  # decode computed the prompt itself, no prefill step
     predicted_cached_tokens: int | None = None  # the index's guess for the computing replica

@@ -23,11 +23,12 @@ import json
 import math
 import time
 from collections import Counter
+from urllib.parse import unquote
 
-from actors.finisher import Finisher, openai_error
+from actors.finisher import COMPLETION_PATHS, MODEL_HEADER, Finisher, header, openai_error
 from actors.openai_app import EngineApp
-from common.config import BatonConfig, ConfigError
-from common.config_models import catalogue_models, for_model
+from common.config import BatonConfig
+from common.config_models import catalogue_models, check_budgets, for_model
 from deployments.schemas import APIError
 from routing.residency import Residency
 
@@ -53,10 +54,7 @@ class ModelHost:
         budgets = {i: m.budget_bytes() for i, m in self.entries.items()}
         c = cfg.catalogue
         capacity = int(c.memory_gb * 2**30) if c.memory_gb else sum(budgets.values())
-        for i, (model, budget) in enumerate(budgets.items()):
-            if budget > capacity:
-                raise ConfigError(f"models.{i - 1 if i else ''}: {model} needs {budget / 2**30:.2f} GiB, more than "
-                                  f"catalogue.memory_gb ({c.memory_gb} GiB) gives all models")
+        check_budgets(cfg, "the replica's config")  # `baton up` and `deploy` checked it with the file's name
         self.residency = Residency(capacity, budgets, c.min_resident_s, c.demand_half_life_s)
         self.engines: dict[str, EngineApp] = {}
         self.apps: dict[str, Finisher] = {}
@@ -192,16 +190,31 @@ class ModelHost:
                            "pids": _pids(self.engines[i]) if i in self.engines else []}}
                 for i in self.entries]
 
+    def resident_here(self, model: str) -> bool:
+        engine = self.engines.get(model)
+        return engine is not None and not engine.errored()
+
     async def __call__(self, scope, receive, send):
-        """ASGI: the routes that name no model (/tokenize, /version, ...) on any resident model's app."""
-        app = next(iter(self.apps.values()), None)
-        if app is not None:
-            return await app(scope, receive, send)
-        raw = json.dumps(openai_error(503, "no model is loaded; retry later")).encode()
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
-            (b"retry-after", b"5")]})
-        await send({"type": "http.response.body", "body": raw})
+        """ASGI, for requests that did not pass through this replica's front: a completion another
+        replica's front forwarded (its model in `x-baton-model`) runs on that model, woken if cold;
+        the routes that name no model (/tokenize, /version, ...) run on any resident model's app."""
+        model = unquote(header(scope["headers"], MODEL_HEADER)) if scope["path"] in COMPLETION_PATHS else ""
+        if not model:
+            app = next(iter(self.apps.values()), None)
+            if app is not None:
+                return await app(scope, receive, send)
+            return await _respond(send, 503, openai_error(503, "no model is loaded; retry later"), {"Retry-After": "5"})
+        if not self.known(model):
+            return await _respond(send, 404, openai_error(404, f"The model '{model}' does not exist",
+                                                          "model_not_found", "model"))
+        try:
+            app = await self.acquire(model, self.cfg.admission.default_deadline_s)
+        except ModelUnavailable as exc:
+            return await _respond(send, exc.status, exc.body(), exc.headers)
+        try:
+            await app(scope, receive, send)
+        finally:
+            self.release(model)
 
     def running(self) -> int:
         return sum(e.running() for e in self.engines.values())
@@ -221,6 +234,14 @@ class ModelHost:
         for engine in list(self.engines.values()):
             engine.shutdown()
         self.engines.clear()
+
+
+async def _respond(send, status: int, body: dict, headers: dict | None = None) -> None:
+    raw = json.dumps(body).encode()
+    extra = [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": raw})
 
 
 def _pids(engine) -> list[int]:

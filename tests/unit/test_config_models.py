@@ -66,3 +66,10 @@ def test_unknown_engine_arg_of_an_entry_is_named(tmp_path):
     path = write(tmp_path, "colocated: true\nmodels: [{id: a, engine_args: {warp_speed: 9}}]")
     with pytest.raises(ConfigError, match=r"models\.0\.engine_args\.warp_speed: not a vLLM engine argument"):
         engine_args.validate(load_config(path, environ={}), str(path))
+
+
+def test_a_model_bigger_than_the_catalogue_room_is_named(tmp_path):
+    path = write(tmp_path, "colocated: true\ndecode: {kv_cache_gb: 0.25}\ncatalogue: {memory_gb: 0.5}\n"
+                           "models: [{id: a, path: /x, memory_gb: 0.75}]")
+    with pytest.raises(ConfigError, match=r"models\.0: a needs 0\.75 GiB, more than catalogue\.memory_gb"):
+        engine_args.validate(load_config(path, environ={}), str(path))
