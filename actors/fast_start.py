@@ -10,7 +10,8 @@ engine core from a forkserver that preloaded `actors.standby_preload` (vLLM's
 engine core, CPU worker and model modules); that module also makes the engine
 core fork its worker instead of spawning it. Both forks then start with
 everything imported, and what is left of an engine start is loading the
-weights and allocating the KV cache. The forkserver is started at once, so
+weights and allocating the KV cache. They start niced, below the serving
+engines, and `serving_priority` lifts them once they serve. The forkserver is started at once, so
 its own imports happen while the replica starts, not at the first wake.
 
 Forking is safe here because the forkserver runs no OpenMP region before it
@@ -22,6 +23,7 @@ imported modules.
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 PRELOAD = ["actors.standby_preload"]
 _context = None
@@ -43,3 +45,18 @@ def use_standby():
         launcher.get_mp_context = lambda: ctx
         _context = ctx
     return _context
+
+
+def serving_priority(pids: list[int]) -> None:
+    """Gives every thread of `pids` (a woken engine's processes) this process's priority again: they
+    started niced (actors/standby_preload.py). Where that is not permitted (raising a priority needs
+    CAP_SYS_NICE), they stay niced."""
+    import psutil
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    for pid in pids:
+        try:
+            for thread in psutil.Process(pid).threads():
+                os.setpriority(os.PRIO_PROCESS, thread.id, mine)
+        except (OSError, psutil.Error):
+            continue

@@ -7,7 +7,9 @@ from the standby has them already, and makes the engine core fork its worker
 Every process of the chain dies with its parent: the forkserver with the
 replica that started it, an engine core with the forkserver, a worker with its
 engine core (Linux's parent-death signal, set again after every fork since a
-fork clears it). A replica killed outright leaves no engine behind.
+fork clears it). A replica killed outright leaves no engine behind. And
+every engine starts at nice WAKE_NICE, so a cold model's start takes the
+cores the serving models leave; the host puts it back once it serves.
 """
 
 from __future__ import annotations
@@ -36,6 +38,17 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+WAKE_NICE = 10  # an engine starts below the serving engines' priority (fast_start.serving_priority undoes it)
+
+
+def _in_child() -> None:
+    die_with_parent()
+    try:  # absolute, so the worker forked from a niced engine core is not niced twice
+        os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), WAKE_NICE))
+    except OSError:
+        pass
+
+
 die_with_parent()
-os.register_at_fork(after_in_child=die_with_parent)
+os.register_at_fork(after_in_child=_in_child)
 executor.get_mp_context = lambda: multiprocessing.get_context("fork")

@@ -157,14 +157,19 @@ class Front:
         body["cache_salt"] = tenant
         if self.models is None:
             return await self._run(scope, receive, send, kind, body, tenant, permit, self.local)
+        if not self.models.resident_here(body["model"]) and (peer := await self._model_peer(body["model"])):
+            # A peer replica has it resident: it runs there (and here, woken, if that peer fails).
+            return await self._run(scope, receive, send, kind, body, tenant, permit, self.models, peer)
         local = await self._model_app(body["model"], scope, permit, tenant)
         try:
             await self._run(scope, receive, send, kind, body, tenant, permit, local)
         finally:
             self.models.release(body["model"])
 
-    async def _run(self, scope, receive, send, kind: str, body: dict, tenant: str, permit, local) -> None:
-        """Routes and answers one admitted, parsed request; `local` is the app of its model here."""
+    async def _run(self, scope, receive, send, kind: str, body: dict, tenant: str, permit, local,
+                   route: Route | None = None) -> None:
+        """Routes (unless `route` says where) and answers one admitted, parsed request; `local` is the
+        app of its model here."""
         session = header(scope["headers"], SESSION_HEADER.encode()) or None
         body["request_id"] = uuid.uuid4().hex
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{body['request_id']}"
@@ -173,10 +178,13 @@ class Front:
             extra.append((SESSION_HEADER.encode(), session.encode()))
         with tracing.tracer().start_as_current_span("ingress") as span:
             span.set_attribute("baton.request_id", request_id)
-            info, route = BatonInfo(), None
+            info = BatonInfo()
             stream = relay.EarlyStream(send, extra)
             try:
-                route = await self._route(kind, body, tenant, session, info, request_id, stream)
+                if route is None:
+                    route = await self._route(kind, body, tenant, session, info, request_id, stream)
+                else:
+                    info.route, info.decode_only = route.reason, True
             except BaseException:
                 self._release(permit, tenant)
                 raise
@@ -235,6 +243,16 @@ class Front:
         except BaseException:
             self._release(permit, tenant)
             raise
+
+    async def _model_peer(self, model: str) -> Route | None:
+        """Another live replica whose last heartbeat had `model` resident (the least busy), if any."""
+        entries = await self.peers()
+        have = [(e.get("unfinished", 0), r, e["url"]) for r, e in entries.items()
+                if r != self.replica and "url" in e and model in e.get("resident", ())]
+        if not have:
+            return None
+        _, replica, url = min(have)
+        return Route(replica, None, True, "model", 0, decode_url=url)
 
     def _spill_route(self) -> Route | None:
         """Colocated: a peer's engine for this request when this one is full (routing/spill.py)."""

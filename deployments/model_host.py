@@ -161,6 +161,10 @@ class ModelHost:
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
             raise ModelUnavailable(503, f"The model '{model}' failed to load ({type(exc).__name__}); retry later",
                                    5.0) from exc
+        if self.cfg.catalogue.standby:  # its processes started niced; they serve at full priority
+            from actors.fast_start import serving_priority
+
+            serving_priority(_pids(engine))
         took = time.monotonic() - t0
         self.wake_s[model] = took if model not in self.wake_s else 0.5 * (self.wake_s[model] + took)
         self.engines[model] = engine
@@ -186,7 +190,7 @@ class ModelHost:
         """/v1/models' entries: every catalogue model, whether it is resident here, its budget and, when
         resident, its engine processes' PIDs."""
         return [{"id": i, "object": "model", "created": 0, "owned_by": "baton",
-                 "baton": {"resident": i in self.engines, "memory_bytes": self.residency.budgets[i],
+                 "baton": {"resident": self.resident_here(i), "memory_bytes": self.residency.budgets[i],
                            "pids": _pids(self.engines[i]) if i in self.engines else []}}
                 for i in self.entries]
 

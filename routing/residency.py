@@ -6,10 +6,11 @@ listed and woken on demand, evicting others. `Residency` keeps the resident
 set and each model's recent demand, and `plan` says what waking a model
 would take:
 
-* Victims are resident models that are not busy (no request in flight),
-  taken least demand first (ties: least recently used, then name). When
-  those victims may not go yet, the plan waits for them rather than
-  evicting a more wanted model that could go now.
+* Victims are resident models taken least demand first (ties: least
+  recently used, then name). When those victims may not go yet (too
+  recently woken, or busy: requests in flight, never cut off), the plan
+  waits for them rather than evicting a more wanted model that could go
+  now; a busy victim is looked at again every ``BUSY_RECHECK_S``.
 * Hysteresis: a model resident for less than ``min_resident_s`` is never a
   victim, so two models alternating on room for one swap at most once per
   ``min_resident_s``.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+BUSY_RECHECK_S = 0.5  # how soon a plan waiting on a busy victim looks again
 _DEMAND_GUARD = 2.0  # a victim more than twice as wanted as the requester is kept while in use
 
 
@@ -108,7 +110,7 @@ class Residency:
     def plan(self, model: str, now: float, busy: set[str] | frozenset[str] = frozenset()) -> Plan:
         """What waking ``model`` at ``now`` takes. Changes nothing.
 
-        ``busy``: resident models with requests in flight; they are never evicted.
+        ``busy``: resident models with requests in flight; they are never evicted while busy.
         """
         self._check(model)
         if model in self._since:
@@ -129,11 +131,13 @@ class Residency:
         return Plan(None, (), at - now, "pinned")
 
     def _evictable_at(self, model: str, now: float, busy: set[str] | frozenset[str]) -> dict[str, float]:
-        """Each non-busy resident model -> the earliest time it may be evicted for ``model``."""
+        """Each resident model -> the earliest time it may be evicted for ``model`` (a busy one: when
+        it is next looked at)."""
         mine = self.demand(model, now)
         out: dict[str, float] = {}
         for v, since in self._since.items():
             if v in busy:
+                out[v] = now + BUSY_RECHECK_S
                 continue
             t = since + self.min_resident_s
             if self.demand(v, now) > _DEMAND_GUARD * mine:

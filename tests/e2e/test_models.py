@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -81,15 +82,16 @@ def _listing(stack) -> dict[str, dict]:
     return {m["id"]: m["baton"] for m in r.json()["data"]}
 
 
-def _make_resident(stack, model: str) -> None:
-    """Asks for `model` until it answers (its wake may wait out another's minimum residence)."""
+def _make_resident(stack, model: str, retry: tuple[int, ...] = (429, 503)) -> None:
+    """Asks for `model` until it answers (its wake may wait out another's minimum residence); the
+    statuses in `retry` are retried after their Retry-After (else 1 s)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         r = _chat(stack, model)
         if r.status_code == 200:
             return
-        assert r.status_code == 429, r.text
-        time.sleep(float(r.headers["retry-after"]))
+        assert r.status_code in retry, r.text  # waking, or a start that failed (retried)
+        time.sleep(float(r.headers.get("retry-after", 1)))
     raise AssertionError(f"{model} did not become resident")
 
 
@@ -175,6 +177,27 @@ def test_models_in_their_own_runtime_env_each_see_their_own_package_version(cata
         __import__(PROBE)
 
 
+def test_a_swap_that_meets_a_death_leaves_no_request_hanging_and_the_catalogue_consistent(catalogue_stack):
+    import psutil
+
+    _make_resident(catalogue_stack, FIRST)
+    listing = _listing(catalogue_stack)
+    standby = psutil.Process(listing[FIRST]["pids"][0]).ppid()  # the engines' forkserver (actors/fast_start.py)
+    cold = next(m for m in (SMALL, DEEP) if not listing[m]["resident"])
+    time.sleep(MIN_RESIDENT_S)
+    with ThreadPoolExecutor(1) as pool:
+        waking = pool.submit(_chat, catalogue_stack, cold)
+        time.sleep(0.5)  # its wake has begun: the standby dies, and every engine forked from it
+        os.kill(standby, signal.SIGKILL)
+        answer = waking.result(timeout=120)  # an answer, not a hang
+    assert answer.status_code in (200, 429, 503), answer.text
+    for model in (cold, FIRST):  # the standby comes back with the next wake; each model answers again
+        _make_resident(catalogue_stack, model, retry=(429, 500, 503))  # 500: a request meeting a dying engine
+    listing = _listing(catalogue_stack)
+    assert listing[cold]["resident"] and listing[FIRST]["resident"]
+    assert sum(m["resident"] for m in listing.values()) == 2  # room for two, as the catalogue counts
+
+
 def test_usage_counters_equal_the_clients_usage_per_tenant_and_model(catalogue_stack):
     _make_resident(catalogue_stack, FIRST)
     _make_resident(catalogue_stack, SMALL)
@@ -193,13 +216,18 @@ def test_usage_counters_equal_the_clients_usage_per_tenant_and_model(catalogue_s
 
 def _usage(stack) -> dict[tuple, int]:
     """baton_usage_tokens_total by (tenant, model, kind), from the pool's /metrics."""
+    return {(k["tenant"], k["model"], k["kind"]): v for k, v in _samples(stack, "baton_usage_tokens_total")}
+
+
+def _samples(stack, name: str) -> list[tuple[dict, int]]:
+    """The pool's /metrics samples of `name`: (labels, value)."""
     with _client(stack) as c:
         text = c.get("/metrics").text
-    out = {}
+    out = []
     for line in text.splitlines():
-        if line.startswith("baton_usage_tokens_total{"):
+        if line.startswith(name + "{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
-            out[(labels["tenant"], labels["model"], labels["kind"])] = int(float(line.rsplit(" ", 1)[1]))
+            out.append((labels, int(float(line.rsplit(" ", 1)[1]))))
     return out
 
 
@@ -214,3 +242,31 @@ def _rss(pids: list[int]) -> int:
         except psutil.NoSuchProcess:
             continue
     return total
+
+
+@pytest.fixture(scope="module")
+def pair_stack(tmp_path_factory):
+    """Two replicas that each serve their own engines, with room for one model each."""
+    from bench.stack import StackProcess, write_config
+
+    cfg = yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())
+    s = StackProcess(write_config(
+        tmp_path_factory.mktemp("pair"), colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
+        routing={"colocated_router": False, "heartbeat_s": 1}, models=[m for m in cfg["models"] if m["id"] == SMALL],
+        catalogue={"memory_gb": 0.3, "min_resident_s": MIN_RESIDENT_S}))
+    s.start()
+    yield s
+    assert s.stop() == 0, s.tail()
+
+
+def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pair_stack):
+    _make_resident(pair_stack, SMALL)  # on whichever replica the kernel gave the connection
+    time.sleep(3)  # the replicas' heartbeats now say where it is
+    wakes = {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")}
+    routes = []
+    for _ in range(12):  # a new connection each: the kernel spreads them over both replicas
+        r = _chat(pair_stack, SMALL)
+        assert r.status_code == 200, r.text
+        routes.append(r.json()["baton"]["route"])
+    assert "model" in routes and "colocated" in routes, routes  # forwarded by one front, run locally by the other
+    assert {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")} == wakes

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from routing.residency import Plan, Residency
+from routing.residency import BUSY_RECHECK_S, Plan, Residency
 
 
 def pool(capacity: int = 100, min_resident_s: float = 30.0, **budgets: int) -> Residency:
@@ -62,14 +62,15 @@ def test_wait_is_until_enough_victims_are_old_enough():
     assert r.plan("c", 50.0) == Plan("c", ("a", "b"), 0.0, "evict")
 
 
-def test_busy_models_are_never_evicted():
+def test_busy_models_are_never_evicted_but_waited_for():
     r = pool()
     r.woke("a", 0.0)
     r.woke("b", 0.0)
     r.request("b", 50.0)
-    # a has the least demand, but it is busy: b goes instead.
-    assert r.plan("c", 100.0, busy={"a"}) == Plan("c", ("b",), 0.0, "evict")
-    assert r.plan("c", 100.0, busy={"a", "b"}) == Plan(None, (), math.inf, "pinned")
+    # a has the least demand but is busy: the plan waits for it rather than evict the more wanted b.
+    assert r.plan("c", 100.0, busy={"a"}) == Plan(None, (), BUSY_RECHECK_S, "pinned")
+    assert r.plan("c", 100.0, busy={"a", "b"}) == Plan(None, (), BUSY_RECHECK_S, "pinned")
+    assert r.plan("c", 100.0) == Plan("c", ("a",), 0.0, "evict")  # a's requests ended
 
 
 def test_a_much_busier_model_is_kept_until_it_goes_idle():
