@@ -189,10 +189,13 @@ class RequestRouting:
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         bs = self.bs
         store_rate = self._store_rate(state)
-        loads = {n: ReplicaLoad(running=self._load(pool, n, state),
+        # Nothing waits where no front has a request in flight: a beat that still shows one waiting
+        # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
+        running = {n: self._load(pool, n, state) for n in names}
+        loads = {n: ReplicaLoad(running=running[n],
                                 capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
                                 free_kv_blocks=int(live[n].get("kv_empty_blocks", live[n].get("kv_free_blocks", 0))),
-                                oldest_wait_s=self._wait(live[n], now),
+                                oldest_wait_s=self._wait(live[n], now) if running[n] else 0.0,
                                 sessions=state.sessions.get(pool, {}).get(n, 0),
                                 queued_prefill_blocks=max(self.work[pool][n], state.work.get(pool, {}).get(n, 0.0)),
                                 prefill_s_per_block=float(live[n].get("prefill_s_per_token") or 0.0) * bs,

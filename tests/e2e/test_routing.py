@@ -45,10 +45,30 @@ def test_index_predicts_the_engines_cached_tokens(stack):
     assert seen[0][0] == 0 and seen[1][0] > 0 and seen[2][0] >= seen[1][0]
 
 
+def _wait_idle_beats(stack, timeout_s: float = 15) -> None:
+    """Until every replica's heartbeat, written after now, reports an idle engine: the router then
+    prices the next turn on current loads, not on a beat that still counted the previous turn."""
+    import json
+
+    import redis
+
+    from routing.redis_state import registry_key
+
+    client, since = redis.Redis.from_url(stack.cfg["redis"]["url"]), time.time()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        entries = [json.loads(v) for pool in ("prefill", "decode")
+                   for v in client.hgetall(registry_key(pool)).values()]
+        if entries and all(e["ts"] > since and not e.get("unfinished") for e in entries):
+            return
+        time.sleep(0.1)
+
+
 def test_session_is_pinned_and_header_echoed(stack):
     replicas, reasons = set(), []
     conversation = prompts.make("pin", 80)
     for turn in range(3):
+        _wait_idle_beats(stack)
         r = chat(stack, conversation, session="sess-pin")
         assert r.headers["x-session-affinity"] == "sess-pin"
         baton = r.json()["baton"]
@@ -56,7 +76,7 @@ def test_session_is_pinned_and_header_echoed(stack):
         reasons.append(baton["route"])
         conversation = conversation + [{"role": "assistant", "content": "ok"},
                                        {"role": "user", "content": f"turn {turn}"}]
-    assert len(replicas) == 1
+    assert len(replicas) == 1, reasons
     assert reasons[1:] == ["pinned", "pinned"]
 
 

@@ -89,3 +89,17 @@ def test_engines_that_never_loaded_are_priced_at_the_stores_measured_rate():
     route = Route("d", "b", False, "pinned", 0)
     RequestRouting._predictions(route, [RoutingDecision("d", "pinned", 3, False, 0.5, 0.5), d])
     assert route.moved == ["prefill"] and route.stay_s == 0.5 + d.stay_s and route.predicted_s < route.stay_s
+
+
+def test_a_stale_beat_that_shows_the_previous_turn_waiting_does_not_move_the_pin():
+    """`a`'s last beat (0.9 s old) still shows the session's previous turn waiting in its scheduler;
+    no front has anything in flight there now, so nothing waits: the next turn stays. While a front
+    has a request there, the same beat's wait (plus its age) counts, and the pin moves."""
+    beat = {"waiting": 1, "oldest_wait_s": 0.1, "ts": 99.1, "prefill_s_per_token": 0.001}
+    live = {"decode": {"a": dict(beat), "b": {"ts": 99.9, "prefill_s_per_token": 0.001}}, "prefill": {}}
+    baton = _routing("baton")
+    idle = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, NOBODY)
+    assert baton._choose("decode", RoutingRequest((), session="s"), idle, 100.0).replica == "a"
+    busy = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None},
+                  {"decode": {"a": 1}, "prefill": {}})
+    assert baton._choose("decode", RoutingRequest((), session="s"), busy, 100.0).replica == "b"
