@@ -8,12 +8,7 @@ from actors import engine_args
 from common.config import ConfigError, load_config
 from common.config_models import CATALOGUE_DIR, catalogue_models, for_model
 from common.constants import REPO_ROOT
-
-
-def write(tmp_path, text: str):
-    p = tmp_path / "baton.yaml"
-    p.write_text(text)
-    return p
+from tests.unit.test_config import write
 
 
 def test_single_model_is_a_catalogue_of_one():

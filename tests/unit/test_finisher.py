@@ -52,13 +52,7 @@ def test_stream_chunks_pass_through_and_usage_chunk_gets_baton():
     chunks = [b'data: {"id":"x","choices":[{"delta":{"content":"a"}}]}\n\n',
               b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":1,'
               b'"total_tokens":41,"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n']
-
-    async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
-        for c in chunks:
-            await send({"type": "http.response.body", "body": c, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    app = sse_app(chunks)
 
     sent = run(app)
     assert sent[1]["body"] == chunks[0]
