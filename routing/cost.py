@@ -117,5 +117,14 @@ def worth_moving(stay: Cost, move: Cost, margin: float, margin_s: float) -> bool
     (``stay.ttft_s``) plus ``margin_s`` seconds, so that two nearly equal
     costs never flap a pin. The margin is taken of the wait, not of the
     totals: their share for the requests behind is often the same on both
-    sides (the same new blocks computed) and would swamp a relative margin."""
-    return stay.total - move.total > margin * stay.ttft_s + margin_s
+    sides (the same new blocks computed) and would swamp a relative margin.
+
+    And only when the move shortens this request's own wait: a pin moves to
+    escape the queue or the recompute ahead of it, never for the others'
+    share alone. Staying's others' share is mostly the engine's LRU victims
+    for the turn's few new blocks, which on an engine whose KV has filled
+    with old work are as likely dead as a live session's; moving for them
+    would trade a whole context's load or recompute for one block (seen in
+    CI: a decode-only turn 2 left its replica, full of earlier tests' cache,
+    for an emptier one)."""
+    return move.ttft_s < stay.ttft_s and stay.total - move.total > margin * stay.ttft_s + margin_s

@@ -32,7 +32,8 @@
 #      the shared tier + the evictions the stored blocks force, at each
 #      engine's measured rates). The pin moves ("moved", re-pinned) only
 #      when a candidate is cheaper than staying by MOVE_MARGIN and
-#      MOVE_MARGIN_BLOCKS of prefill; otherwise it stays ("pinned"), even on
+#      MOVE_MARGIN_BLOCKS of prefill and the move shortens the request's own
+#      wait (never for the others' share alone); otherwise it stays ("pinned"), even on
 #      a replica over the bound: the bound sheds new work, and a pinned turn
 #      moved off it pays its whole context elsewhere, plus the evictions
 #      there, which the cost weighs against the queue it escapes.

@@ -50,6 +50,27 @@ def test_a_pin_moves_when_the_queue_ahead_costs_more_than_the_recompute():
     assert d.predicted_s < d.stay_s
 
 
+def test_a_pin_never_moves_for_the_others_share_alone():
+    # As in CI: a short turn 2 (6 blocks held, 1 new) pinned to an idle `a` whose KV is full of
+    # earlier tests' cache and whose fitted prefill rate came out 5x slower than idle `b`'s. Its
+    # one new block evicts one cached block, priced at 32x a's rate for whoever owned it. The
+    # totals favour computing all 7 blocks on `b`, but that makes this turn wait longer than its
+    # one block on `a`: a move that saves the request nothing is not made.
+    context, turn = (1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 5, 6, 7)
+    index = PrefixIndex()
+    index.apply_stored("a", list(context))
+    full = ReplicaLoad(capacity=2000, free_kv_blocks=0, queued_prefill_blocks=0, prefill_s_per_block=5 * BLOCK_S)
+    empty = ReplicaLoad(capacity=2000, free_kv_blocks=2000, queued_prefill_blocks=0, prefill_s_per_block=BLOCK_S)
+    stay = price(7, 6, 0, 0, full, Rates(5 * BLOCK_S), 32)
+    move = price(7, 0, 0, 0, empty, Rates(BLOCK_S), 32)
+    assert stay.total - move.total > 0.25 * stay.ttft_s + 2 * 5 * BLOCK_S  # the totals alone would move it
+    assert move.ttft_s > stay.ttft_s and not worth_moving(stay, move, margin=0.25, margin_s=2 * 5 * BLOCK_S)
+    pins = SessionPins()
+    pins.pin("s", "a", now=0)
+    d = BatonPolicy(rng=random.Random(0)).route(RoutingRequest(turn, "s"), {"a": full, "b": empty}, index, pins, now=1)
+    assert (d.replica, d.reason) == ("a", "pinned")
+
+
 def test_a_move_that_evicts_other_sessions_prefixes_is_priced_with_them():
     rates = Rates(BLOCK_S)
     roomy = price(94, 0, 0, 0, _replica(queued=0, empty=1000), rates, recompute_weight=32)
