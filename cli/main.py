@@ -23,9 +23,11 @@ def _load(args):
 def cmd_up(args) -> int:
     from actors import engine_args
     from cluster.launcher import LocalStack, state_file
+    from deployments import site_link
 
     cfg, source = _load(args)
     engine_args.validate(cfg, source)
+    site_link.check(cfg, source)
     existing = state_file(cfg)
     if existing.exists() and pid_alive(json.loads(existing.read_text())["pid"]):
         print(f"baton is already running (state in {existing}); run `baton down` first", file=sys.stderr)
@@ -145,14 +147,14 @@ def cmd_secrets(args) -> int:
     return 0
 
 
-BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models")
+BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, kv, load, models, overload, reject, router, serve, ttft
+    from bench import affinity, kv, load, models, overload, reject, router, serve, sites, ttft
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
-               "reject": reject, "router": router, "kv": kv, "models": models}
+               "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites}
     return modules[args.what].main(args.extra)
 
 

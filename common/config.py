@@ -22,10 +22,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from common.config_admission import AdmissionConfig
 from common.config_base import ConfigError, _Strict, parse_size
 from common.config_models import CatalogueConfig, CatalogueModel, check_catalogue
+from common.config_sites import SitesConfig
 from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
 
 __all__ = ["AdmissionConfig", "BatonConfig", "ConfigError", "load_config", "parse_size"]
-
 ENV_PREFIX = "BATON__"
 
 
@@ -305,6 +305,7 @@ class BatonConfig(_Strict):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    sites: SitesConfig = Field(default_factory=SitesConfig)
     state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
 
     @model_validator(mode="after")

@@ -76,6 +76,7 @@ class Front:
         self.model = cfg.model.served_name
         self.spill = SpillChooser(cfg.admission.capacity_per_replica)  # colocated only
         self.peer_urls: dict[str, str] = {}
+        self.sites = None  # deployments/site_link.py, when `sites.peers` are configured
         metrics.before_render = self.admission_gauges
 
     async def __call__(self, scope, receive, send):
@@ -93,6 +94,8 @@ class Front:
                 return await respond(send, 200, await self.metrics_text(), content_type=b"text/plain")
             if path == "/openapi.json":
                 return await respond(send, 200, schemas.openapi_document())
+            if path == "/baton/site" and self.sites is not None and self.sites.authorised(scope):
+                return await respond(send, 200, self.sites.answer())  # a peer site's probe
             tenant_of(scope, self.cfg.serve, self.keys)
             if path == "/v1/models":
                 ready, why = await self.readiness()
@@ -142,15 +145,21 @@ class Front:
 
     async def _completion(self, scope, receive, send) -> None:
         kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
-        tenant = tenant_of(scope, self.cfg.serve, self.keys)
+        forwarded = self.sites.forwarded_tenant(scope) if self.sites is not None else None
+        tenant = forwarded or tenant_of(scope, self.cfg.serve, self.keys)
         limit = self.cfg.serve.max_body_bytes
         await check_length(scope, receive, limit)
+        raw = None
+        if self.sites is not None and forwarded is None:  # another site, if this one is full (site_link.py)
+            done, raw = await self.sites.offload(scope, receive, send, tenant, lambda b: self._parse(kind, b))
+            if done:
+                return
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
         permit = await self._admit(tenant, tier_of(scope, self.cfg.admission.tiers), deadline_of(scope),
                                    _small_body(scope))
         try:
-            body = self._parse(kind, await read_body(receive, limit))
+            body = self._parse(kind, raw if raw is not None else await read_body(receive, limit))
         except BaseException:
             self._release(permit, tenant)
             raise

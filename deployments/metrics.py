@@ -82,12 +82,24 @@ class IngressMetrics:
                                        "for another model, or dropped after they died", ["model", "why"], registry=r)
         self.predictions = Counter("baton_index_predictions_total", "index predictions against the engine's "
                                    "report: exact, over or under", ["outcome"], registry=r)
+        self._site_metrics(r)
         for outcome in ("exact", "over", "under"):
             self.predictions.labels(outcome)
         for pool in ("prefill", "decode"):
             self.repins.labels(pool)
         self._hits = self._blocks = 0
         self.before_render = None  # () -> None, set by the front
+
+    def _site_metrics(self, r: CollectorRegistry) -> None:
+        """Routing across sites (deployments/site_link.py)."""
+        self.site_decisions = Counter("baton_site_decisions_total", "where the site policy sent a request: "
+                                      "session, local, spill, wait_local, queue_remote, rejected", ["reason"],
+                                      registry=r)
+        self.site_forwards = Counter("baton_site_forwards_total", "requests sent to another site, by outcome: "
+                                     "served, refused (429) or unreachable (then run here)", ["site", "outcome"],
+                                     registry=r)
+        self.site_rtt = Gauge("baton_site_rtt_seconds", "last probe round trip to each peer site", ["site"],
+                              registry=r)
 
     def record_hit(self, hit_blocks: int, prompt_blocks: int) -> None:
         """Adds one request to the block-weighted hit ratio."""

@@ -97,7 +97,8 @@ async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers:
 
 async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
                      send, extra_headers: list, on_done: Callable[[Timing], None],
-                     timeout_s: float, on_first: Callable[[], None] | None = None) -> Timing:
+                     timeout_s: float, on_first: Callable[[], None] | None = None,
+                     refuse: tuple[int, ...] = ()) -> Timing:
     """POSTs `body` to another replica and streams its answer to `send`.
 
     Nothing reaches the client before the upstream's first body bytes (a
@@ -106,6 +107,8 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
     without calling `on_done`, as one that cannot be reached does: the caller
     may run the request elsewhere. After that, a broken upstream ends the
     stream with an error event. `on_done` runs once the upstream answer ended.
+    An answer whose status is in `refuse` (another site's 429) is not relayed:
+    it raises UpstreamUnavailable too, with nothing sent.
     """
     timing = Timing(on_first)
     queue: asyncio.Queue = asyncio.Queue()
@@ -113,6 +116,8 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
     try:
         resp = await session.post(url, data=body, headers=headers,
                                   timeout=aiohttp.ClientTimeout(total=timeout_s))
+        if resp.status in refuse:
+            raise UpstreamUnavailable(f"refused: {resp.status}")
         chunk = await resp.content.readany()
     except BaseException as exc:
         if resp is not None:

@@ -125,6 +125,8 @@ class EngineReplica:
             await self.leases.start()
             await self.keys.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
+            if front.sites is not None:
+                front.sites.start()
         self.engine_load: dict = await self.engine.engine_load()
         self._load_task = asyncio.ensure_future(self._refresh_load())
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
@@ -176,6 +178,10 @@ class EngineReplica:
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self.engine.running) if colocated else None,
                                    on_peers=front.spill_view if colocated else None)
+        if self.cfg.sites.enabled:  # routing across sites (deployments/site_link.py)
+            from deployments.site_link import SiteLink
+
+            front.sites = SiteLink(self.cfg, gate, self.http, metrics)
         return front
 
     def _serve(self, app, sock: socket.socket) -> None:

@@ -1,0 +1,191 @@
+"""`baton bench sites --local`: three Baton sites on this machine under a hotspot.
+
+Three stacks (colocated, one replica, `--permits` engine permits each) reach
+each other through delay proxies (bench/delay_proxy.py) with the one-way
+delays of LINKS, so their probes measure a small latency map. Open-loop
+Poisson arrivals at each site, `--hotspot` times the base rate at site `a`:
+short chats, and sessions of `--turns` turns that resend their conversation
+with `x-session-affinity`. Every policy runs on fresh stacks (the site policy
+is a start-time setting), in turn: `local_only` (one site on its own, the
+single-site reference), `nearest_only` and `random_near`.
+
+Per policy: 429s (out of capacity), each site's utilisation (the seconds its
+permits were held by answers it served, over permits x duration), max/mean
+utilisation, the round trip a forwarded request added (from the measured
+map), and for turns 2+ the share served on their session's first site and
+their cached share of prompt tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from bench.delay_proxy import DelayProxy
+from bench.stack import StackProcess, bench_workdir, write_config
+from common.processes import free_ports
+from common.constants import CORPUS
+from common.stats import percentile
+
+SITES = ("a", "b", "c")
+LINKS = {("a", "b"): 0.010, ("b", "c"): 0.010, ("a", "c"): 0.020}  # one-way seconds
+TOKEN = "bench-sites-token"
+POLICIES = ("local_only", "nearest_only", "random_near")
+
+
+def messages(key: str, words: int = 120) -> list[dict]:
+    """A chat whose first line is unique to `key` (no site has its prefix cached yet)."""
+    corpus = CORPUS.read_text().split()
+    start = sum(map(ord, key)) % len(corpus)
+    body = " ".join(corpus[(start + i) % len(corpus)] for i in range(words))
+    return [{"role": "system", "content": f"Case {key}."}, {"role": "user", "content": body}]
+
+
+def one_way(src: str, dst: str) -> float:
+    return LINKS.get((src, dst)) or LINKS[(dst, src)]
+
+
+class Sites:
+    """Three stacks and their six delay proxies, started and stopped together."""
+
+    def __init__(self, policy: str, permits: int, workdir) -> None:
+        self.ports = dict(zip(SITES, free_ports(3)))
+        self.proxies = {(s, d): DelayProxy(self.ports[d], one_way(s, d)).start()
+                        for s in SITES for d in SITES if s != d}
+        (workdir / "site_token").write_text(TOKEN)
+        self.stacks = {}
+        for name in SITES:
+            peers = [{"name": d, "url": self.proxies[(name, d)].url} for d in SITES if d != name]
+            self.stacks[name] = StackProcess(write_config(
+                workdir / f"{policy}-{name}", colocated=True, decode={"replicas": 1},
+                serve={"port": self.ports[name]},
+                admission={"capacity_per_replica": permits, "max_queue_per_tenant": permits},
+                sites={"name": name, "peers": peers, "token_file": str(workdir / "site_token"),
+                       "policy": policy, "probe_s": 0.5, "map_ttl_s": 3.0}))
+
+    def __enter__(self) -> "Sites":
+        with ThreadPoolExecutor(len(SITES)) as pool:
+            list(pool.map(lambda s: s.start(), self.stacks.values()))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s in self.stacks.values():
+            s.stop()
+        for p in self.proxies.values():
+            p.close()
+
+
+def arrivals(rate_per_s: dict[str, float], duration_s: float, turns: int, seed: int) -> list[tuple]:
+    """(time, origin, session or None, turn) of every request: Poisson per site; a third of the
+    arrivals start a session whose later turns follow `turns` - 1 think times of 2 s."""
+    rng, out = random.Random(seed), []
+    for site, rate in rate_per_s.items():
+        t, n = 0.0, 0
+        while (t := t + rng.expovariate(rate)) < duration_s:
+            n += 1
+            if n % 3 == 0:
+                out += [(t + 2.0 * k, site, f"{site}-s{n}", k) for k in range(turns)]
+            else:
+                out.append((t, site, None, 0))
+    return sorted(out)
+
+
+async def _one(http: httpx.AsyncClient, sites: Sites, t0: float, item: tuple, history: dict) -> dict:
+    at, origin, session, turn = item
+    await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+    key = session or f"{origin}-{at}"
+    convo = history.get(key) or messages(key)
+    headers = {"x-session-affinity": session} if session else {}
+    sent = time.monotonic()
+    r = await http.post(f"{sites.stacks[origin].url}/v1/chat/completions", headers=headers,
+                        json={"model": "baton-tiny", "messages": convo, "max_tokens": 16,
+                              "temperature": 0, "ignore_eos": True})
+    took = time.monotonic() - sent
+    out = {"origin": origin, "status": r.status_code, "site": r.headers.get("x-baton-site", origin),
+           "seconds": took, "session": session, "turn": turn}
+    if r.status_code == 200:
+        usage = r.json()["usage"]
+        out["prompt_tokens"] = usage["prompt_tokens"]
+        out["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if session:
+            history[key] = convo + [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                                       {"role": "user", "content": f"and turn {turn + 1}"}]
+    return out
+
+
+async def _drive(sites: Sites, plan: list[tuple]) -> tuple[list[dict], float]:
+    history: dict = {}
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as http:
+        t0 = time.monotonic()
+        by_session: dict[str, list] = {}
+        for item in plan:
+            by_session.setdefault(item[2] or f"one-{id(item)}", []).append(item)
+
+        async def session_run(items):  # a session's turns in order, each after the last answered
+            return [await _one(http, sites, t0, it, history) for it in items]
+
+        done = await asyncio.gather(*(session_run(v) for v in by_session.values()))
+        return [r for rs in done for r in rs], time.monotonic() - t0
+
+
+def summarize(results: list[dict], permits: int, duration_s: float) -> dict:
+    """The policy's figures (see the module docstring), under bench/sites_metrics.py's names."""
+    ok = [r for r in results if r["status"] == 200]
+    busy = {s: sum(r["seconds"] for r in ok if r["site"] == s) / (permits * duration_s) for s in SITES}
+    mean = sum(busy.values()) / len(busy)
+    hop_ms = 2000 * min(LINKS.values())
+    fwd = [2000 * one_way(r["origin"], r["site"]) for r in ok if r["site"] != r["origin"]]
+    added = [0.0] * (len(ok) - len(fwd)) + fwd
+    first = {r["session"]: r["site"] for r in ok if r["session"] and r["turn"] == 0}
+    later = [r for r in ok if r["session"] and r["turn"] > 0 and r["session"] in first]
+
+    def p(values: list[float], q: float) -> float | None:
+        return round(percentile(values, q), 2) if values else None
+
+    return {
+        "requests": len(results), "served": len(ok), "rejected": sum(r["status"] == 429 for r in results),
+        "errors": sum(r["status"] not in (200, 429) for r in results),
+        "util_max_over_mean": round(max(busy.values()) / mean, 3) if mean else None,
+        "forwarded_share": round(len(fwd) / len(ok), 3) if ok else 0.0,
+        "added_rtt_ms": {"all_p50": p(added, 50), "forwarded_p50": p(fwd, 50), "forwarded_p90": p(fwd, 90)},
+        "added_rtt_hops": {"fleet_hop_ms": hop_ms,
+                           "forwarded_p50_fleet_hops": round(p(fwd, 50) / hop_ms, 2) if fwd else None,
+                           "forwarded_p50_origin_hops": None},
+        "session_keep": round(sum(r["site"] == first[r["session"]] for r in later) / len(later), 3) if later else None,
+        "session_turns_2plus": len(later),
+        "turn2_cached_share": round(sum(r["cached_tokens"] for r in later) /
+                                    max(1, sum(r["prompt_tokens"] for r in later)), 3) if later else None,
+        "latency_s": {"p50": p([r["seconds"] for r in ok], 50), "p90": p([r["seconds"] for r in ok], 90)},
+        "utilisation": {s: round(u, 3) for s, u in busy.items()},
+    }
+
+
+def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.4, duration_s: float = 60.0,
+              permits: int = 2, turns: int = 3, seed: int = 0) -> dict:
+    """Runs every policy on fresh sites with the same arrivals; returns the report."""
+    workdir = bench_workdir("bench-sites")
+    rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
+    plan = arrivals(rates, duration_s, turns, seed)
+    report = {"sites": list(SITES), "one_way_s": {f"{a}-{b}": d for (a, b), d in LINKS.items()},
+              "rates_per_s": rates, "duration_s": duration_s, "permits": permits, "requests": len(plan),
+              "policies": {}}
+    for policy in policies:
+        print(f"[bench sites --local] {policy}: starting 3 sites", file=sys.stderr)
+        with Sites(policy, permits, workdir) as sites:
+            time.sleep(3.0)  # a few probes: every site in every map
+            print(f"[bench sites --local] {policy}: {len(plan)} requests over {duration_s:.0f} s", file=sys.stderr)
+            results, took = asyncio.run(_drive(sites, plan))
+        report["policies"][policy] = summarize(results, permits, took)
+        print(f"[bench sites --local] {policy}: {report['policies'][policy]}", file=sys.stderr)
+    return report
+
+
+def run(args) -> dict:
+    """bench/sites.py's `--local` mode."""
+    return run_local(args.policies, args.hotspot_factor, args.base_rps, args.local_duration, args.permits,
+                     seed=args.seed)

@@ -1,0 +1,241 @@
+"""One front's link to the other sites: probes, the latency map, and forwarding.
+
+Each front of a site (`sites:` in the config, common/config_sites.py)
+- probes every peer site's `GET /baton/site` every `sites.probe_s`: the
+  round trip goes into its latency map (routing/latency_map.py) and the
+  answer (the peer's free permits and queue wait) into its view of that
+  site; a peer not heard from for `sites.map_ttl_s` drops out of both;
+- answers the same probe for its own site (its admission's permits and
+  queue, and its row of the map);
+- before admitting a request, asks the site policy (routing/site_select.py)
+  where it should run: here, or on a near site with free capacity when
+  this one is full and the round trip costs less than the wait here;
+- forwards such a request to the chosen site's public endpoint and streams
+  the answer back unbuffered (deployments/relay.py). A site that refuses it
+  (429) or cannot be reached before the first byte is backed off, and the
+  request runs here after all: nothing that had not started is lost.
+
+The map lives in each front's memory, rebuilt from its own probes, so sites
+share no Redis and a dead site drops out by expiry alone.
+
+Admission counts a request once, at the site that serves it: the first
+site takes no permit for a request it forwards, and the serving site
+admits it against the same tenant, which the site token vouches for
+(`x-baton-site-tenant`); a forwarded request is never forwarded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import OrderedDict
+
+import aiohttp
+
+from actors.finisher import header
+from common.config import BatonConfig, ConfigError
+from common.constants import SESSION_HEADER
+from deployments import relay
+from deployments.bodies import read_body
+from deployments.schemas import APIError
+from routing.latency_map import LatencyMap
+from routing.site_select import SiteDecision, SiteSelectConfig, SiteView, make_selector
+
+TOKEN_HEADER = "x-baton-site-token"
+ORIGIN_HEADER = "x-baton-site-origin"
+TENANT_HEADER = "x-baton-site-tenant"
+SITE_HEADER = "x-baton-site"  # on answers: the site that served the request
+_PASSED = (SESSION_HEADER, "x-baton-deadline-s", "x-baton-tier")
+_SESSIONS = 65536
+UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
+BUSY_TAU_S = 60.0  # busy_avg's time constant: about a session's life (routing/site_select.py, rule 2)
+
+
+def check(cfg: BatonConfig, source: str) -> None:
+    """Checks the `sites:` section before anything starts: the token is readable and `sites.select`
+    names SiteSelectConfig's fields. Raises ConfigError naming the field and the file."""
+    if not cfg.sites.enabled:
+        return
+    try:
+        cfg.sites.token()
+        SiteSelectConfig(**cfg.sites.select)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid config in {source}:\n  {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid config in {source}:\n  sites.select: {exc}") from None
+
+
+class SiteLink:
+    """A front's view of the other sites, and the calls that forward to them."""
+
+    def __init__(self, cfg: BatonConfig, gate, http: aiohttp.ClientSession, metrics=None,
+                 clock=time.monotonic) -> None:
+        s = cfg.sites
+        self.name, self.token = s.name, s.token()
+        self.peers = {p.name: p.url for p in s.peers}
+        self.cfg, self.gate, self.http, self.metrics, self.clock = cfg, gate, http, metrics, clock
+        self.latency = LatencyMap(ttl_s=s.map_ttl_s)
+        self.views: dict[str, tuple[SiteView, float]] = {}
+        try:
+            select = SiteSelectConfig(**s.select)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"sites.select: {exc}") from None
+        self.selector = make_selector(s.policy, select, random.Random(cfg.routing.seed))
+        self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # session -> (site, until)
+        self._task: asyncio.Task | None = None
+        self.busy_avg, self._busy_at = 0.0, None
+
+    # -- probes -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the probe loop on the running event loop."""
+        self._task = asyncio.ensure_future(self._probe_loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _probe_loop(self) -> None:
+        while True:
+            self._sample_busy()
+            await asyncio.gather(*(self._probe(n, u) for n, u in self.peers.items()), return_exceptions=True)
+            await asyncio.sleep(self.cfg.sites.probe_s)
+
+    def _sample_busy(self) -> None:
+        """Folds the busy fraction now into `busy_avg` (an EWMA with time constant BUSY_TAU_S)."""
+        now, v = self.clock(), self.local_view()
+        busy = 1.0 - v.permits_free / v.permits_total if v.permits_total else 1.0
+        if self._busy_at is None:
+            self.busy_avg = busy
+        else:
+            self.busy_avg += (1.0 - math.exp(-(now - self._busy_at) / BUSY_TAU_S)) * (busy - self.busy_avg)
+        self._busy_at = now
+
+    async def _probe(self, name: str, url: str) -> None:
+        """One probe of `name`: updates the map and its view on an answer; nothing on a failure."""
+        t0 = self.clock()
+        timeout = aiohttp.ClientTimeout(total=self.cfg.sites.probe_s * 2)
+        async with self.http.get(f"{url}/baton/site", headers={TOKEN_HEADER: self.token}, timeout=timeout) as r:
+            if r.status != 200:
+                return
+            answer = await r.json()
+        now = self.clock()
+        if answer.get("site") != name:
+            return  # a misconfigured peer URL: never route to a site that is not the one named
+        self.latency.observe(self.name, name, now - t0, now)
+        for other, rtt in (answer.get("rtt_s") or {}).items():  # its row: the map is many-to-many
+            if other != self.name:
+                self.latency.observe(name, other, float(rtt), now)
+        busy_avg = answer.get("busy_avg")
+        self.views[name] = (SiteView(name, int(answer["permits_free"]), int(answer["permits_total"]),
+                                     float(answer["queue_wait_s"]),
+                                     busy_avg=float(busy_avg) if busy_avg is not None else None), now)
+        if self.metrics is not None:
+            self.metrics.site_rtt.labels(name).set(now - t0)
+
+    def local_view(self) -> SiteView:
+        """This site's free permits and the wait a new request would have here, from its admission
+        (this front's share): none with a permit free, else its place in the queue times the
+        measured service time per permit (UNKNOWN_SERVICE_S before any request has finished)."""
+        snap = self.gate.snapshot()
+        free = max(0, snap.capacity - snap.permits_in_use - snap.queue_len)
+        service = snap.service_time_s if snap.service_time_s is not None else UNKNOWN_SERVICE_S
+        waiting = 0.0 if free else (snap.queue_len + 1) * service / max(1, snap.capacity)
+        return SiteView(self.name, min(free, snap.capacity), snap.capacity, waiting,
+                        busy_avg=self.busy_avg if self._busy_at is not None else None)
+
+    def answer(self) -> dict:
+        """What a peer's probe gets: this site's capacity and its row of the latency map."""
+        v, now = self.local_view(), self.clock()
+        row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
+        return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
+                "queue_wait_s": v.queue_wait_s, "busy_avg": v.busy_avg, "rtt_s": row}
+
+    # -- requests from other sites ---------------------------------------------
+
+    def authorised(self, scope) -> bool:
+        """Whether the request carries the site token; APIError 401 when it carries a wrong one."""
+        token = header(scope["headers"], TOKEN_HEADER.encode())
+        if not token:
+            return False
+        if token != self.token:
+            raise APIError(401, "Incorrect site token", code="invalid_site_token")
+        return True
+
+    def forwarded_tenant(self, scope) -> str | None:
+        """The tenant another site admitted this request for, if it is one (token checked), else None."""
+        if not header(scope["headers"], ORIGIN_HEADER.encode()):
+            return None
+        if not self.authorised(scope):
+            raise APIError(401, "A forwarded request must carry the site token", code="invalid_site_token")
+        tenant = header(scope["headers"], TENANT_HEADER.encode())
+        if not tenant:
+            raise APIError(400, f"a forwarded request must say its tenant ({TENANT_HEADER})", param=TENANT_HEADER)
+        return tenant
+
+    # -- requests to other sites --------------------------------------------------
+
+    def choose(self, session: str | None) -> SiteDecision:
+        """Where a new request should run (this site or a peer). Changes the selector's RNG only."""
+        now = self.clock()
+        views = {n: v for n, (v, seen) in self.views.items() if now - seen <= self.cfg.sites.map_ttl_s}
+        views[self.name] = self.local_view()
+        return self.selector.choose(self.name, views, self.latency, now, self._session_site(session, now))
+
+    def _session_site(self, session: str | None, now: float) -> str | None:
+        if session is None or session not in self.sessions:
+            return None
+        site, until = self.sessions[session]
+        return site if until > now else None
+
+    def served_at(self, session: str | None, site: str) -> None:
+        """Remembers the site a session's turn ran on (its prefix is there) for `routing.pin_ttl_s`."""
+        if session is None:
+            return
+        self.sessions[session] = (site, self.clock() + self.cfg.routing.pin_ttl_s)
+        self.sessions.move_to_end(session)
+        while len(self.sessions) > _SESSIONS:
+            self.sessions.popitem(last=False)
+
+    async def offload(self, scope, receive, send, tenant: str, parse) -> tuple[bool, bytes | None]:
+        """Runs the request on another site when the policy says so: (True, None) once that site
+        answered it; else (False, body read or None) for this site to admit and run it. `parse`
+        validates the body first (raising the 4xx), so bad input never travels."""
+        session = header(scope["headers"], SESSION_HEADER.encode()) or None
+        decision = self.choose(session)
+        if self.metrics is not None:
+            self.metrics.site_decisions.labels(decision.reason).inc()
+        raw = None
+        if decision.site is not None and decision.site != self.name:
+            raw = await read_body(receive, self.cfg.serve.max_body_bytes)
+            parse(raw)
+            if await self.forward(decision.site, scope, raw, tenant, send):
+                self.served_at(session, decision.site)
+                return True, None
+        self.served_at(session, self.name)
+        return False, raw
+
+    async def forward(self, site: str, scope, raw: bytes, tenant: str, send) -> bool:
+        """Runs the request on `site`, streaming its answer to `send`. False, with nothing sent, when
+        the site refuses it or cannot be reached (it is then backed off); True once answered."""
+        headers = {"content-type": "application/json", TOKEN_HEADER: self.token, ORIGIN_HEADER: self.name,
+                   TENANT_HEADER: tenant}
+        for name in _PASSED:
+            if value := header(scope["headers"], name.encode()):
+                headers[name] = value
+        outcome = "served"
+        try:
+            await relay.run_remote(self.http, f"{self.peers[site]}{scope['path']}", raw, headers, send,
+                                   [(SITE_HEADER.encode(), site.encode())], lambda timing: None,
+                                   self.cfg.serve.request_timeout_s, refuse=(429, 503))
+            self.selector.served(site, self.clock())
+            return True
+        except relay.UpstreamUnavailable as exc:
+            outcome = "refused" if str(exc).startswith("refused") else "unreachable"
+            self.selector.refused(site, self.clock())
+            return False
+        finally:
+            if self.metrics is not None:
+                self.metrics.site_forwards.labels(site, outcome).inc()

@@ -1,0 +1,135 @@
+"""Two sites (issue 35): a full site sends work to a near one, streamed back, admitted once.
+
+Site `a` and site `b` are two Baton stacks (colocated, one replica each) that
+reach each other through delay proxies (bench/delay_proxy.py, 10 ms each way),
+as two sites a few hundred kilometres apart would. `a` has one engine permit,
+so a second request finds it full. Both stacks start once for the module, in
+parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from deployments.api_keys import hash_key
+from tests.e2e import prompts
+
+KEY = "sites-key"
+TOKEN = "site-token-for-tests"
+DELAY_S = 0.01
+TTL_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory):
+    from bench.delay_proxy import DelayProxy
+    from bench.stack import StackProcess, write_config
+    from common.processes import free_ports
+
+    ports = dict(zip("ab", free_ports(2)))
+    proxies = {(src, dst): DelayProxy(ports[dst], DELAY_S).start() for src, dst in (("a", "b"), ("b", "a"))}
+    stacks = {}
+    for name, other in (("a", "b"), ("b", "a")):
+        workdir = tmp_path_factory.mktemp(f"site-{name}")
+        (workdir / "site_token").write_text(TOKEN)
+        stacks[name] = StackProcess(write_config(
+            workdir, colocated=True, decode={"replicas": 1}, serve={"port": ports[name],
+                                                                     "api_keys": {hash_key(KEY): "tenant-s"}},
+            admission={"capacity_per_replica": 1 if name == "a" else 4, "max_queue_per_tenant": 8},
+            sites={"name": name, "peers": [{"name": other, "url": proxies[(name, other)].url}],
+                   "token_file": str(workdir / "site_token"), "probe_s": 0.5, "map_ttl_s": TTL_S}))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda s: s.start(), stacks.values()))
+    yield stacks, proxies
+    for s in stacks.values():
+        assert s.stop() == 0, s.tail()
+    for p in proxies.values():
+        p.close()
+
+
+def _probe(stack, token: str | None = TOKEN) -> httpx.Response:
+    return httpx.get(f"{stack.url}/baton/site", headers={"x-baton-site-token": token} if token else {}, timeout=10)
+
+
+def _admitted(stack) -> float:
+    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    m = re.search(r'^baton_admitted_total\{tenant="tenant-s"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _chat(stack, text: str, max_tokens: int, stream: bool = False, **headers) -> httpx.Response:
+    body = {"model": "baton-tiny", "messages": prompts.make(text, 20), "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": stream}
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"authorization": f"Bearer {KEY}", **headers})
+
+
+def _wait_map(stack, peer: str, present: bool, timeout_s: float = 20) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        answer = _probe(stack).json()
+        if (peer in answer["rtt_s"]) == present:
+            return answer
+        time.sleep(0.25)
+    raise AssertionError(f"{peer} {'never joined' if present else 'never left'} the map: {answer}")
+
+
+def test_probes_measure_the_round_trip_and_need_the_site_token(sites):
+    stacks, _ = sites
+    answer = _wait_map(stacks["a"], "b", present=True)
+    assert answer["site"] == "a" and answer["permits_total"] == 1
+    assert 2 * DELAY_S <= answer["rtt_s"]["b"] < 1.0
+    assert _probe(stacks["a"], token="wrong").status_code == 401
+    assert _probe(stacks["a"], token=None).status_code in (401, 404)
+
+
+def test_a_forwarded_request_must_carry_the_site_token(sites):
+    stacks, _ = sites
+    for token in (None, "wrong"):
+        headers = {"x-baton-site-origin": "a", "x-baton-site-tenant": "someone-else"}
+        if token:
+            headers["x-baton-site-token"] = token
+        r = _chat(stacks["b"], "bypass", 4, **headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_site_token"
+
+
+def test_a_full_site_streams_from_its_neighbour_and_admits_once(sites):
+    stacks, _ = sites
+    _wait_map(stacks["a"], "b", present=True)
+    before = {n: _admitted(s) for n, s in stacks.items()}
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(_chat, stacks["a"], "hold the only permit", 400)
+        deadline = time.monotonic() + 30
+        while _probe(stacks["a"]).json()["permits_free"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with httpx.stream("POST", f"{stacks['a'].url}/v1/chat/completions", timeout=120,
+                          headers={"authorization": f"Bearer {KEY}"},
+                          json={"model": "baton-tiny", "messages": prompts.make("spill", 20), "max_tokens": 8,
+                                "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+            assert r.status_code == 200 and r.headers["x-baton-site"] == "b"
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert long.result().status_code == 200
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content") is not None) >= 2
+    # Each request took one permit, at the site that ran it: the long one at a, the spilled one at b.
+    assert _admitted(stacks["a"]) - before["a"] == 1
+    assert _admitted(stacks["b"]) - before["b"] == 1
+
+
+def test_a_dead_site_loses_nothing_and_rejoins_the_map(sites):
+    stacks, proxies = sites
+    proxies[("a", "b")].close()  # b is gone, as a's fronts see it
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: _chat(stacks["a"], f"while b is away {i}", 8), range(4)))
+    assert [r.status_code for r in answers] == [200] * 4  # queued here: none sent to b, none lost
+    assert not any(r.headers.get("x-baton-site") for r in answers)
+    _wait_map(stacks["a"], "b", present=False, timeout_s=TTL_S + 10)
+    proxies[("a", "b")].start()
+    _wait_map(stacks["a"], "b", present=True)
