@@ -112,7 +112,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--local", dest="mode", action="store_const", const="local",
                       help="three Baton stacks on this machine behind delay proxies (bench/sites_local.py)")
     p.set_defaults(mode="sim")
-    p.add_argument("--base-rps", type=float, default=0.4, help="--local: requests/s at each site before the hotspot")
+    p.add_argument("--base-rps", type=float, default=0.0,
+                   help="--local: requests/s at each site before the hotspot; 0: from a measured service time")
     p.add_argument("--local-duration", type=float, default=60.0, help="--local: seconds of arrivals per policy")
     p.add_argument("--permits", type=int, default=2, help="--local: engine permits per site")
     p.add_argument("--sites", type=int, default=SimConfig.sites, help="simulated sites (real cities), >= 2")

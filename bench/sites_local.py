@@ -3,17 +3,20 @@
 Three stacks (colocated, one replica, `--permits` engine permits each) reach
 each other through delay proxies (bench/delay_proxy.py) with the one-way
 delays of LINKS, so their probes measure a small latency map. Open-loop
-Poisson arrivals at each site, `--hotspot` times the base rate at site `a`:
-short chats, and sessions of `--turns` turns that resend their conversation
-with `x-session-affinity`. Every policy runs on fresh stacks (the site policy
-is a start-time setting), in turn: `local_only` (one site on its own, the
-single-site reference), `nearest_only` and `random_near`.
+Poisson arrivals at each site, `--hotspot-factor` times the base rate at
+site `a`: short chats, and sessions of 3 turns (2 s apart, each after the
+last answered) that resend their conversation with `x-session-affinity`.
+With `--base-rps 0` the rates come from one site's measured closed-loop
+throughput (`a` is offered HOT_LOAD times it). Every policy runs on fresh
+stacks (the site policy is a start-time setting) with the same arrivals.
 
-Per policy: 429s (out of capacity), each site's utilisation (the seconds its
-permits were held by answers it served, over permits x duration), max/mean
-utilisation, the round trip a forwarded request added (from the measured
-map), and for turns 2+ the share served on their session's first site and
-their cached share of prompt tokens.
+Per policy: 429s (out of capacity), each site's utilisation (its permits'
+busy fraction from its own probe answer, sampled every SAMPLE_S), max/mean
+utilisation, the round trip a forwarded request added (LINKS), and for
+turns 2+ the share served on their session's first site and their cached
+share of prompt tokens. The three sites share this machine's cores, so a
+busy site slows the others: capacity here is not independent per site as
+it is between real sites.
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ from common.constants import CORPUS
 from common.stats import percentile
 
 SITES = ("a", "b", "c")
-LINKS = {("a", "b"): 0.010, ("b", "c"): 0.010, ("a", "c"): 0.020}  # one-way seconds
+LINKS = {("a", "b"): 0.010, ("b", "c"): 0.010, ("a", "c"): 0.012}  # one-way s: b and c both near a (site_select)
 TOKEN = "bench-sites-token"
 POLICIES = ("local_only", "nearest_only", "random_near")
+HOT_LOAD = 1.25  # the hot site's offered load over what one site serves alone (base_rps 0)
+CALIBRATE_S = 15.0
+SAMPLE_S = 0.25
 
 
 def messages(key: str, words: int = 120) -> list[dict]:
@@ -118,10 +124,25 @@ async def _one(http: httpx.AsyncClient, sites: Sites, t0: float, item: tuple, hi
     return out
 
 
-async def _drive(sites: Sites, plan: list[tuple]) -> tuple[list[dict], float]:
+async def _sample(http: httpx.AsyncClient, sites: Sites, busy: dict[str, list[float]], stop: asyncio.Event) -> None:
+    """Every SAMPLE_S, each site's busy fraction from its own probe answer (1 - free/total permits)."""
+    while not stop.is_set():
+        for name, stack in sites.stacks.items():
+            try:
+                a = (await http.get(f"{stack.url}/baton/site", headers={"x-baton-site-token": TOKEN})).json()
+                busy[name].append(1.0 - a["permits_free"] / a["permits_total"] if a["permits_total"] else 1.0)
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+        await asyncio.sleep(SAMPLE_S)
+
+
+async def _drive(sites: Sites, plan: list[tuple]) -> tuple[list[dict], dict[str, list[float]]]:
+    """Sends `plan` (arrivals), sessions' turns in order; returns the results and the busy samples."""
     history: dict = {}
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as http:
-        t0 = time.monotonic()
+    busy: dict[str, list[float]] = {s: [] for s in SITES}
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=512)) as http:
+        t0, stop = time.monotonic(), asyncio.Event()
+        sampler = asyncio.ensure_future(_sample(http, sites, busy, stop))
         by_session: dict[str, list] = {}
         for item in plan:
             by_session.setdefault(item[2] or f"one-{id(item)}", []).append(item)
@@ -130,13 +151,33 @@ async def _drive(sites: Sites, plan: list[tuple]) -> tuple[list[dict], float]:
             return [await _one(http, sites, t0, it, history) for it in items]
 
         done = await asyncio.gather(*(session_run(v) for v in by_session.values()))
-        return [r for rs in done for r in rs], time.monotonic() - t0
+        stop.set()
+        await sampler
+        return [r for rs in done for r in rs], busy
 
 
-def summarize(results: list[dict], permits: int, duration_s: float) -> dict:
+async def _throughput(url: str, permits: int, seconds: float) -> float:
+    """Answers per second one site gives on its own, `permits` clients in a closed loop."""
+    count, deadline = [0], time.monotonic() + seconds
+
+    async def client(http: httpx.AsyncClient, url: str, i: int) -> None:
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            r = await http.post(f"{url}/v1/chat/completions",
+                                json={"model": "baton-tiny", "messages": messages(f"calibrate {url} {i} {n}"),
+                                      "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+            count[0] += r.status_code == 200
+    async with httpx.AsyncClient(timeout=120) as http:
+        t0 = time.monotonic()
+        await asyncio.gather(*(client(http, url, i) for i in range(permits)))
+        return count[0] / (time.monotonic() - t0)
+
+
+def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict:
     """The policy's figures (see the module docstring), under bench/sites_metrics.py's names."""
     ok = [r for r in results if r["status"] == 200]
-    busy = {s: sum(r["seconds"] for r in ok if r["site"] == s) / (permits * duration_s) for s in SITES}
+    busy = {s: sum(v) / len(v) if v else 0.0 for s, v in busy_samples.items()}
     mean = sum(busy.values()) / len(busy)
     hop_ms = 2000 * min(LINKS.values())
     fwd = [2000 * one_way(r["origin"], r["site"]) for r in ok if r["site"] != r["origin"]]
@@ -165,22 +206,30 @@ def summarize(results: list[dict], permits: int, duration_s: float) -> dict:
     }
 
 
-def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.4, duration_s: float = 60.0,
+def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.0, duration_s: float = 60.0,
               permits: int = 2, turns: int = 3, seed: int = 0) -> dict:
-    """Runs every policy on fresh sites with the same arrivals; returns the report."""
+    """Runs every policy on fresh sites with the same arrivals; returns the report. `base_rps` 0:
+    `a` is offered HOT_LOAD times the answers per second one site gave on its own in a closed
+    loop (measured on the first policy's sites), each other site a `hotspot`-th of that."""
     workdir = bench_workdir("bench-sites")
-    rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
-    plan = arrivals(rates, duration_s, turns, seed)
     report = {"sites": list(SITES), "one_way_s": {f"{a}-{b}": d for (a, b), d in LINKS.items()},
-              "rates_per_s": rates, "duration_s": duration_s, "permits": permits, "requests": len(plan),
-              "policies": {}}
+              "duration_s": duration_s, "permits": permits, "policies": {}}
+    plan = None
     for policy in policies:
         print(f"[bench sites --local] {policy}: starting 3 sites", file=sys.stderr)
         with Sites(policy, permits, workdir) as sites:
             time.sleep(3.0)  # a few probes: every site in every map
+            if plan is None:
+                if not base_rps:
+                    report["site_capacity_rps"] = round(asyncio.run(_throughput(
+                        sites.stacks["b"].url, permits, CALIBRATE_S)), 2)
+                    base_rps = HOT_LOAD * report["site_capacity_rps"] / hotspot
+                report["rates_per_s"] = rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
+                plan = arrivals(rates, duration_s, turns, seed)
+                report["requests"] = len(plan)
             print(f"[bench sites --local] {policy}: {len(plan)} requests over {duration_s:.0f} s", file=sys.stderr)
-            results, took = asyncio.run(_drive(sites, plan))
-        report["policies"][policy] = summarize(results, permits, took)
+            results, busy = asyncio.run(_drive(sites, plan))
+        report["policies"][policy] = summarize(results, busy)
         print(f"[bench sites --local] {policy}: {report['policies'][policy]}", file=sys.stderr)
     return report
 

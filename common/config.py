@@ -22,6 +22,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from common.config_admission import AdmissionConfig
 from common.config_base import ConfigError, _Strict, parse_size
 from common.config_models import CatalogueConfig, CatalogueModel, check_catalogue
+from common.config_batch import BatchConfig
+from common.config_runtime import RayConfig, TracingConfig
 from common.config_sites import SitesConfig
 from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
 
@@ -245,14 +247,6 @@ class ServeConfig(_Strict):
         return v
 
 
-class TracingConfig(_Strict):
-    exporter: Literal["none", "console", "file", "otlp"] = Field(
-        "none", description="where request spans go"
-    )
-    file: str = Field(".baton/traces.jsonl", description="span file for exporter=file")
-    otlp_endpoint: str = Field("http://127.0.0.1:4317", description="OTLP gRPC endpoint")
-
-
 class RoutingConfig(_Strict):
     policy: Literal["baton", "round_robin", "least_loaded"] = Field(
         "baton", description="baton: session pins + exact prefix index + load; round_robin and "
@@ -284,11 +278,6 @@ class RoutingConfig(_Strict):
     )
 
 
-class RayConfig(_Strict):
-    address: str | None = Field(None, description="existing Ray cluster; None starts a local head")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local head; None = all")
-
-
 class BatonConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     models: list[CatalogueModel] = Field(default_factory=list, description="more models sharing the pool")
@@ -306,6 +295,7 @@ class BatonConfig(_Strict):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     sites: SitesConfig = Field(default_factory=SitesConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
     state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
 
     @model_validator(mode="after")
@@ -328,6 +318,16 @@ class BatonConfig(_Strict):
         return self
 
     _catalogue = model_validator(mode="after")(check_catalogue)
+
+    @model_validator(mode="after")
+    def _batch_tier(self) -> "BatonConfig":
+        if self.batch.tier is not None and self.batch.tier not in self.admission.tiers:
+            raise ValueError(f"batch.tier {self.batch.tier!r} is not one of admission.tiers {self.admission.tiers}")
+        return self
+
+    def batch_tier(self) -> str:
+        """The admission tier batch lines run in: `batch.tier`, else the lowest tier."""
+        return self.batch.tier or self.admission.tiers[-1]
 
     def routes(self) -> bool:
         """Whether fronts route requests by the KV-aware router: always when disaggregated; when

@@ -77,6 +77,8 @@ class Front:
         self.spill = SpillChooser(cfg.admission.capacity_per_replica)  # colocated only
         self.peer_urls: dict[str, str] = {}
         self.sites = None  # deployments/site_link.py, when `sites.peers` are configured
+        self.model_routing = None  # deployments/model_routing.py, with a catalogue
+        self.batches = None  # deployments/batch_api.py: /v1/files and /v1/batches
         metrics.before_render = self.admission_gauges
 
     async def __call__(self, scope, receive, send):
@@ -96,6 +98,8 @@ class Front:
                 return await respond(send, 200, schemas.openapi_document())
             if path == "/baton/site" and self.sites is not None and self.sites.authorised(scope):
                 return await respond(send, 200, self.sites.answer())  # a peer site's probe
+            if self.batches is not None and path.startswith(("/v1/files", "/v1/batches")):
+                return await self.batches.handle(scope, receive, send, tenant_of(scope, self.cfg.serve, self.keys))
             tenant_of(scope, self.cfg.serve, self.keys)
             if path == "/v1/models":
                 ready, why = await self.readiness()
@@ -146,11 +150,12 @@ class Front:
     async def _completion(self, scope, receive, send) -> None:
         kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
         forwarded = self.sites.forwarded_tenant(scope) if self.sites is not None else None
-        tenant = forwarded or tenant_of(scope, self.cfg.serve, self.keys)
+        # A batch line (deployments/batch_runner.py) carries its tenant in the scope, set in-process only.
+        tenant = scope.get("baton.tenant") or forwarded or tenant_of(scope, self.cfg.serve, self.keys)
         limit = self.cfg.serve.max_body_bytes
         await check_length(scope, receive, limit)
         raw = None
-        if self.sites is not None and forwarded is None:  # another site, if this one is full (site_link.py)
+        if self.sites is not None and forwarded is None and "baton.tenant" not in scope:  # site_link.py
             done, raw = await self.sites.offload(scope, receive, send, tenant, lambda b: self._parse(kind, b))
             if done:
                 return
@@ -166,8 +171,9 @@ class Front:
         body["cache_salt"] = tenant
         if self.models is None:
             return await self._run(scope, receive, send, kind, body, tenant, permit, self.local)
-        if not self.models.resident_here(body["model"]) and (peer := await self._model_peer(body["model"])):
-            # A peer replica has it resident: it runs there (and here, woken, if that peer fails).
+        session = header(scope["headers"], SESSION_HEADER.encode()) or None
+        if peer := await self.model_routing.peer(body["model"], session, self.models.resident_here(body["model"])):
+            # Its session's replica or a peer has it resident: it runs there (here, woken, if that peer fails).
             return await self._run(scope, receive, send, kind, body, tenant, permit, self.models, peer)
         local = await self._model_app(body["model"], scope, permit, tenant)
         try:
@@ -252,16 +258,6 @@ class Front:
         except BaseException:
             self._release(permit, tenant)
             raise
-
-    async def _model_peer(self, model: str) -> Route | None:
-        """Another live replica whose last heartbeat had `model` resident (the least busy), if any."""
-        entries = await self.peers()
-        have = [(e.get("unfinished", 0), r, e["url"]) for r, e in entries.items()
-                if r != self.replica and "url" in e and model in e.get("resident", ())]
-        if not have:
-            return None
-        _, replica, url = min(have)
-        return Route(replica, None, True, "model", 0, decode_url=url)
 
     def _spill_route(self) -> Route | None:
         """Colocated: a peer's engine for this request when this one is full (routing/spill.py)."""

@@ -127,6 +127,7 @@ class EngineReplica:
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
             if front.sites is not None:
                 front.sites.start()
+            self.batch_runner.start()
         self.engine_load: dict = await self.engine.engine_load()
         self._load_task = asyncio.ensure_future(self._refresh_load())
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
@@ -178,6 +179,16 @@ class EngineReplica:
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self.engine.running) if colocated else None,
                                    on_peers=front.spill_view if colocated else None)
+        if self.cfg.models:  # which replica runs a catalogue request (deployments/model_routing.py)
+            from deployments.model_routing import ModelRouting
+
+            front.model_routing = ModelRouting(self.replica, front.peers, client, self.cfg.routing.pin_ttl_s)
+        from deployments.batch_api import BatchAPI  # the Batch API, its lines run by every front
+        from deployments.batch_runner import BatchRunner
+        from deployments.batch_store import BatchStore
+
+        store = BatchStore(client)
+        front.batches, self.batch_runner = BatchAPI(self.cfg, store), BatchRunner(self.cfg, store, gate, front)
         if self.cfg.sites.enabled:  # routing across sites (deployments/site_link.py)
             from deployments.site_link import SiteLink
 

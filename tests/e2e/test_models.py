@@ -259,6 +259,19 @@ def pair_stack(tmp_path_factory):
     assert s.stop() == 0, s.tail()
 
 
+def test_a_session_stays_on_its_replica_within_a_model(pair_stack):
+    # Both replicas start with FIRST resident; without its pin, a turn runs on whichever front the
+    # kernel gives its connection. With it, every turn goes back to the first turn's replica.
+    replicas, routes = set(), []
+    for _ in range(12):  # a new connection each: some reach the other front
+        r = _chat(pair_stack, FIRST, headers={"x-session-affinity": "model-session"})
+        assert r.status_code == 200, r.text
+        replicas.add(r.json()["baton"]["decode_replica"])
+        routes.append(r.json()["baton"]["route"])
+    assert len(replicas) == 1, routes
+    assert "pinned" in routes, routes  # some turns reached the other front and were sent back
+
+
 def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pair_stack):
     _make_resident(pair_stack, SMALL)  # on whichever replica the kernel gave the connection
     time.sleep(3)  # the replicas' heartbeats now say where it is
