@@ -14,9 +14,10 @@ Per policy: 429s (out of capacity), each site's utilisation (its permits'
 busy fraction from its own probe answer, sampled every SAMPLE_S), max/mean
 utilisation, the round trip a forwarded request added (LINKS), and for
 turns 2+ the share served on their session's first site and their cached
-share of prompt tokens. The three sites share this machine's cores, so a
-busy site slows the others: capacity here is not independent per site as
-it is between real sites.
+share of prompt tokens. The three sites share this machine's two cores:
+each engine runs one thread (ONE_THREAD), but their fronts and engine
+processes still contend, so a busy site slows the others, which real sites
+do not.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ SITES = ("a", "b", "c")
 LINKS = {("a", "b"): 0.010, ("b", "c"): 0.010, ("a", "c"): 0.012}  # one-way s: b and c both near a (site_select)
 TOKEN = "bench-sites-token"
 POLICIES = ("local_only", "nearest_only", "random_near")
-HOT_LOAD = 1.25  # the hot site's offered load over what one site serves alone (base_rps 0)
+# Each site's engine computes on one thread, unbound: alone, a site cannot take the whole machine,
+# so what one site serves is bounded by its own engine, as between real sites (a single-engine
+# stack otherwise binds its threads to every core, and three of them contend for the same ones).
+ONE_THREAD = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+HOT_LOAD = 1.15  # the hot site's offered load over what one site serves alone (base_rps 0)
 CALIBRATE_S = 15.0
 SAMPLE_S = 0.25
 
@@ -68,7 +73,7 @@ class Sites:
         for name in SITES:
             peers = [{"name": d, "url": self.proxies[(name, d)].url} for d in SITES if d != name]
             self.stacks[name] = StackProcess(write_config(
-                workdir / f"{policy}-{name}", colocated=True, decode={"replicas": 1},
+                workdir / f"{policy}-{name}", colocated=True, decode={"replicas": 1, "env": ONE_THREAD},
                 serve={"port": self.ports[name]},
                 admission={"capacity_per_replica": permits, "max_queue_per_tenant": permits},
                 sites={"name": name, "peers": peers, "token_file": str(workdir / "site_token"),

@@ -135,23 +135,29 @@ class SiteLink:
         if self.metrics is not None:
             self.metrics.site_rtt.labels(name).set(now - t0)
 
-    def local_view(self) -> SiteView:
+    def local_view(self, tenant: str | None = None) -> SiteView:
         """This site's free permits and the wait a new request would have here, from its admission
         (this front's share): none with a permit free, else its place in the queue times the
-        measured service time per permit (UNKNOWN_SERVICE_S before any request has finished)."""
-        snap = self.gate.snapshot()
+        measured service time per permit (UNKNOWN_SERVICE_S before any request has finished), or
+        no end when the queue is full (`tenant`'s own bound when given, else the total's)."""
+        snap, adm = self.gate.snapshot(), self.cfg.admission
         free = max(0, snap.capacity - snap.permits_in_use - snap.queue_len)
         service = snap.service_time_s if snap.service_time_s is not None else UNKNOWN_SERVICE_S
         waiting = 0.0 if free else (snap.queue_len + 1) * service / max(1, snap.capacity)
+        mine = snap.tenants[tenant].queue_len if tenant in snap.tenants else 0
+        if not free and (snap.queue_len >= adm.max_queue_total or
+                         (tenant is not None and mine >= adm.max_queue_per_tenant)):
+            waiting = math.inf
         return SiteView(self.name, min(free, snap.capacity), snap.capacity, waiting,
                         busy_avg=self.busy_avg if self._busy_at is not None else None)
 
     def answer(self) -> dict:
         """What a peer's probe gets: this site's capacity and its row of the latency map."""
         v, now = self.local_view(), self.clock()
+        wait = v.queue_wait_s if math.isfinite(v.queue_wait_s) else 3600.0  # JSON has no infinity
         row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
-                "queue_wait_s": v.queue_wait_s, "busy_avg": v.busy_avg, "rtt_s": row}
+                "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row}
 
     # -- requests from other sites ---------------------------------------------
 
@@ -177,11 +183,11 @@ class SiteLink:
 
     # -- requests to other sites --------------------------------------------------
 
-    def choose(self, session: str | None) -> SiteDecision:
-        """Where a new request should run (this site or a peer). Changes the selector's RNG only."""
+    def choose(self, session: str | None, tenant: str | None = None) -> SiteDecision:
+        """Where a new request of `tenant` should run (this site or a peer). Changes the selector's RNG only."""
         now = self.clock()
         views = {n: v for n, (v, seen) in self.views.items() if now - seen <= self.cfg.sites.map_ttl_s}
-        views[self.name] = self.local_view()
+        views[self.name] = self.local_view(tenant)
         return self.selector.choose(self.name, views, self.latency, now, self._session_site(session, now))
 
     def _session_site(self, session: str | None, now: float) -> str | None:
@@ -204,7 +210,7 @@ class SiteLink:
         answered it; else (False, body read or None) for this site to admit and run it. `parse`
         validates the body first (raising the 4xx), so bad input never travels."""
         session = header(scope["headers"], SESSION_HEADER.encode()) or None
-        decision = self.choose(session)
+        decision = self.choose(session, tenant)
         if self.metrics is not None:
             self.metrics.site_decisions.labels(decision.reason).inc()
         raw = None
