@@ -147,14 +147,15 @@ def cmd_secrets(args) -> int:
     return 0
 
 
-BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites")
+BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites", "autoscale")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, kv, load, models, overload, reject, router, serve, sites, ttft
+    from bench import affinity, autoscale, kv, load, models, overload, reject, router, serve, sites, ttft
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
-               "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites}
+               "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites,
+               "autoscale": autoscale}
     return modules[args.what].main(args.extra)
 
 

@@ -1,0 +1,65 @@
+"""The forecast autoscaling section: `<pool>.autoscaling.forecast` in the config.
+
+Absent (null), a pool with `autoscaling` keeps the reactive in-flight policy
+(deployments/autoscaling.in_flight_policy). Present, `baton deploy` gives the
+pool Serve's forecast policy (deployments/scale_policy.py through
+deployments/autoscaling.py) with these settings, Serve's own up/downscale
+delays set to 0 (the policy's guard rails replace them). With `app_level` on
+both pools (disaggregated), prefill and decode are decided together by one
+application-level policy; the decode pool's section then holds the settings.
+
+The capacity curve is read from `capacity_file`, else from
+`<config stem>.capacity.yaml` beside the config file, else the shipped curve
+of the default tiny CPU model (deployments/capacity.py). A pool whose curve
+has no points is sized by its `target_ongoing_requests` on a forecast of its
+in-flight count.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from common.config_base import _Strict
+
+
+class ForecastAutoscaling(_Strict):
+    forecaster: Literal["kalman", "holt", "constant"] = Field(
+        "kalman", description="kalman: local linear trend (statsmodels UnobservedComponents); holt: damped "
+        "trend exponential smoothing; constant: the recent level, flat (a baseline)"
+    )
+    app_level: bool = Field(
+        True, description="disaggregated: prefill and decode decided together by one application-level "
+        "policy (Serve's autoscaling_policy of the application); false: each pool on its own signals"
+    )
+    engine_start_s: float = Field(60.0, gt=0, description="a new replica's start until it serves")
+    slo_ttft_s: float = Field(1.5, gt=0, description="TTFT SLO the prefill pool is sized for")
+    service_fraction: float = Field(
+        0.5, gt=0, le=1, description="share of the SLO a request's own prefill may take at the pool's "
+        "planned batch (the rest is for queueing)"
+    )
+    utilization: float = Field(0.8, gt=0, le=1, description="planned share of a replica's throughput")
+    z: float = Field(1.0, ge=0, description="forecast margin, in standard errors of the forecast")
+    downscale_delay_s: float = Field(
+        120.0, ge=0, description="the need must stay below the replica count this long before a scale-down"
+    )
+    cooldown_s: float = Field(
+        600.0, ge=0, description="at most one change of direction (up to down or back) per this long; an "
+        "urgent scale-up (short of replicas by the mean forecast) may still reverse a scale-down"
+    )
+    step_s: float = Field(5.0, gt=0, description="forecast bin")
+    window: int = Field(120, ge=12, description="bins the model fits")
+    refit_s: float = Field(300.0, gt=0, description="how often the model's parameters are re-estimated")
+    signal_lag_s: float = Field(5.0, ge=0, description="age of the arrival counters: half Serve's metric push "
+                                "interval (RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S, 10 s)")
+    prompt_tokens: float = Field(400.0, gt=0, description="mean prompt tokens until replicas report them")
+    output_tokens: float = Field(64.0, gt=0, description="mean output tokens until replicas report them")
+    capacity_file: str | None = Field(
+        None, description="capacity curve file; null: <config stem>.capacity.yaml beside the config, else "
+        "the shipped tiny-CPU curve"
+    )
+
+    def policy_params(self) -> dict:
+        """The fields deployments.scale_policy.PolicyParams takes (JSON-serialisable)."""
+        return self.model_dump(exclude={"app_level", "capacity_file"})
