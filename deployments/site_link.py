@@ -93,10 +93,6 @@ class SiteLink:
         """Starts the probe loop on the running event loop."""
         self._task = asyncio.ensure_future(self._probe_loop())
 
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
     async def _probe_loop(self) -> None:
         while True:
             self._sample_busy()

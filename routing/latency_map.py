@@ -13,10 +13,10 @@ Direction: ``rtt(a, b)`` is a's own measurement of b when fresh, otherwise
 b's measurement of a (round trips are symmetric up to noise, and a site
 that has not probed a peer yet can still use the peer's number).
 
-The map is plain data: ``to_dict``/``from_dict`` give and take JSON-ready
-dicts, and ``merge`` folds another map in (the fresher sample of each pair
-wins), so each site's probe loop can publish its own row and read everybody
-else's. Pure: no clock and no I/O; the caller passes ``now`` in seconds.
+Many-to-many without a shared store: a site's probe answer carries its own
+row (``neighbours``), and the prober ``observe``s each entry of it
+(deployments/site_link.py). Pure: no clock and no I/O; the caller passes
+``now`` in seconds.
 """
 
 from __future__ import annotations
@@ -92,45 +92,6 @@ class LatencyMap:
             for dst, (_, seen) in row.items():
                 if not self._expired(seen, now):
                     out.update((src, dst))
-        return out
-
-    def prune(self, now: float) -> int:
-        """Deletes expired entries (readers ignore them anyway); returns how many went."""
-        gone = 0
-        for src in list(self._rows):
-            row = self._rows[src]
-            for dst in [d for d, (_, seen) in row.items() if self._expired(seen, now)]:
-                del row[dst]
-                gone += 1
-            if not row:
-                del self._rows[src]
-        return gone
-
-    def merge(self, other: LatencyMap) -> None:
-        """Folds ``other``'s entries in: per pair, the one seen later wins (its value, not an average).
-
-        Changes this map only; ``other`` is read. TTL and alpha stay this map's.
-        """
-        for src, row in other._rows.items():
-            mine = self._rows.setdefault(src, {})
-            for dst, entry in row.items():
-                if dst not in mine or entry[1] > mine[dst][1]:
-                    mine[dst] = entry
-
-    def to_dict(self) -> dict:
-        """A JSON-ready copy: {"ttl_s", "alpha", "rows": {src: {dst: [rtt_s, seen]}}}. Reads only."""
-        return {"ttl_s": self.ttl_s, "alpha": self.alpha,
-                "rows": {s: {d: [r, t] for d, (r, t) in row.items()} for s, row in self._rows.items()}}
-
-    @classmethod
-    def from_dict(cls, doc: dict) -> LatencyMap:
-        """A new map from ``to_dict``'s output (entries kept as stored, expired ones included)."""
-        out = cls(doc["ttl_s"], doc.get("alpha", 0.3))
-        for src, row in doc.get("rows", {}).items():
-            for dst, (r, t) in row.items():
-                if src == dst or not 0.0 <= float(r) < math.inf:
-                    raise ValueError(f"bad entry {src!r} -> {dst!r}: {r!r}")
-                out._rows.setdefault(src, {})[dst] = (float(r), float(t))
         return out
 
     def _expired(self, seen: float, now: float) -> bool:
