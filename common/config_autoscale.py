@@ -26,7 +26,7 @@ from common.config_base import _Strict
 
 class ForecastAutoscaling(_Strict):
     forecaster: Literal["kalman", "holt", "constant"] = Field(
-        "kalman", description="kalman: local linear trend (statsmodels UnobservedComponents); holt: damped "
+        "kalman", description="kalman: local linear trend (a Kalman filter); holt: damped "
         "trend exponential smoothing; constant: the recent level, flat (a baseline)"
     )
     app_level: bool = Field(

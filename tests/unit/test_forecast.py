@@ -1,4 +1,4 @@
-"""Forecasters of deployments/forecast.py: binning, baselines, statsmodels models."""
+"""Forecasters of deployments/forecast.py: binning, baselines, the fitted models."""
 
 from __future__ import annotations
 
