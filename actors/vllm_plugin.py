@@ -11,9 +11,11 @@ the same virtualenv (the benchmark's peer) runs unchanged.
   on a socket. vLLM spins for 1 s, which keeps a core busy per waiting
   process; where engines share CPU cores with each other and with the
   front, that spinning takes the cores their computation needs. Set from
-  `{pool}.shm_spin_s` (2 ms by default: under load the next step comes
-  sooner than that, so only idle gaps sleep). A sleeping reader also wakes
-  every POLL_MS to look again, since vLLM's wake-up ping can be lost.
+  `{pool}.shm_spin_s` (deployments/app.py: 0.1 s for an engine alone on its
+  cores, so it spins through every step under load and sleeps only in idle
+  gaps; 2 ms where the launcher splits the cores between engines). A
+  sleeping reader also wakes every POLL_MS to look again, since vLLM's
+  wake-up ping can be lost.
 
 - `BATON_FIT_RATES=1`: times the engine's steps (below).
 

@@ -98,10 +98,9 @@ class PoolConfig(_Strict):
         "starts another in its place (an engine start that hangs is retried, not waited on forever)",
     )
     shm_spin_s: float | None = Field(
-        0.002, ge=0,
-        description="how long an engine's worker and scheduler spin on vLLM's shared-memory queue after "
-        "a message before they sleep (actors/vllm_plugin.py); null keeps vLLM's 1 s, which keeps a core "
-        "busy per engine process and starves engines that share cores",
+        None, ge=0, description="how long an engine's worker and scheduler spin on vLLM's shared-memory "
+        "queue after a message before they sleep (actors/vllm_plugin.py; vLLM's own: 1 s); null: 0.1 s, "
+        "or 2 ms where the launcher splits one machine's cores between several engines",
     )
     env: dict[str, str] = Field(
         default_factory=dict,

@@ -28,10 +28,20 @@ def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
     return {"MOONCAKE_CONFIG_PATH": str(mooncake_config)} if mooncake_config else {}
 
 
-def _plugin_env(pool: PoolConfig) -> dict[str, str]:
-    """Settings for Baton's vLLM plugin in this pool's engine processes: the spin cap, and
-    the step timing that measures the engine's rates for routing."""
-    return {FIT_ENV: "1", **({} if pool.shm_spin_s is None else {SPIN_ENV: str(pool.shm_spin_s)})}
+# The spin cap when `{pool}.shm_spin_s` is null. Alone on its cores, an engine's reader
+# spins through a whole step under load (a step of the tiny CPU model at batch 8 takes
+# 3-5 ms; at a 2 ms cap the scheduler slept during every step and woke late, 0.76-0.92x
+# `vllm serve` at c8) and sleeps only in idle gaps. Where several engines share the cores
+# (the launcher's thread split), a spinning reader takes the other engines' CPU: 2 ms.
+SPIN_ALONE_S, SPIN_SHARED_S = 0.1, 0.002
+
+
+def _plugin_env(pool: PoolConfig, shared: bool) -> dict[str, str]:
+    """Settings for Baton's vLLM plugin in this pool's engine processes: the spin cap
+    (`shared`: engines split this machine's cores), and the step timing that measures the
+    engine's rates for routing."""
+    spin = pool.shm_spin_s if pool.shm_spin_s is not None else SPIN_SHARED_S if shared else SPIN_ALONE_S
+    return {FIT_ENV: "1", SPIN_ENV: str(spin)}
 
 
 def _threads(pool: PoolConfig, threads: dict[str, str]) -> dict[str, str]:
@@ -42,8 +52,9 @@ def _threads(pool: PoolConfig, threads: dict[str, str]) -> dict[str, str]:
 def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path | None, env: dict[str, str],
           threads: dict[str, str], *bound):
     options = pool.resources.ray_actor_options()
-    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **_threads(pool, threads),
-                                           **_plugin_env(pool), **pool.env}}
+    split = _threads(pool, threads)
+    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **split,
+                                           **_plugin_env(pool, bool(split)), **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(
         name=name,

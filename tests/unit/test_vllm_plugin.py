@@ -60,13 +60,16 @@ def test_spin_is_capped_and_a_lost_ping_costs_one_poll(pair, monkeypatch):
 
 
 def test_pool_config_sets_the_engines_env():
+    """Null spins 0.1 s for an engine alone on its cores and 2 ms where engines share them;
+    a value set in the config wins either way."""
     from common.config import load_config
     from deployments.app import _plugin_env
 
     cfg = load_config(None, environ={})
-    assert _plugin_env(cfg.decode) == {vllm_plugin.SPIN_ENV: "0.002", vllm_plugin.FIT_ENV: "1"}
-    cfg = load_config(None, environ={"BATON__DECODE__SHM_SPIN_S": "null"})
-    assert _plugin_env(cfg.decode) == {vllm_plugin.FIT_ENV: "1"}
+    assert _plugin_env(cfg.decode, shared=False) == {vllm_plugin.SPIN_ENV: "0.1", vllm_plugin.FIT_ENV: "1"}
+    assert _plugin_env(cfg.decode, shared=True) == {vllm_plugin.SPIN_ENV: "0.002", vllm_plugin.FIT_ENV: "1"}
+    cfg = load_config(None, environ={"BATON__DECODE__SHM_SPIN_S": "0.5"})
+    assert _plugin_env(cfg.decode, shared=True) == {vllm_plugin.SPIN_ENV: "0.5", vllm_plugin.FIT_ENV: "1"}
 
 
 def test_baton_load_reports_empty_blocks_and_the_fitted_rates():
