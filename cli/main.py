@@ -22,12 +22,15 @@ def _load(args):
 
 def cmd_up(args) -> int:
     from actors import engine_args
+    from cluster.deploy import autoscaling_overrides
     from cluster.launcher import LocalStack, state_file
     from deployments import site_link
 
     cfg, source = _load(args)
     engine_args.validate(cfg, source)
     site_link.check(cfg, source)
+    # A bad `autoscaling` section fails here, before anything starts.
+    autoscaling_overrides(cfg, None if source == "<defaults>" else source)
     existing = state_file(cfg)
     if existing.exists() and pid_alive(json.loads(existing.read_text())["pid"]):
         print(f"baton is already running (state in {existing}); run `baton down` first", file=sys.stderr)

@@ -20,8 +20,9 @@ Cluster conventions, shared with cluster/ray_up/scripts/:
 
 Per-pool autoscaling is read from an optional `autoscaling` section of each
 pool (`min_replicas`, `max_replicas`, `target_ongoing_requests`, and
-optionally `upscale_delay_s`, `downscale_delay_s`) when common/config.py
-has one; until then the fixed `replicas` apply.
+optionally `forecast`, common/config_autoscale.py); without one the fixed
+`replicas` apply. `baton up` applies the same section to its local stack
+(`autoscaling_overrides`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ DEFAULT_NODE_DIR = "/tmp/baton"
 DEFAULT_WORKER_CONFIG = f"{DEFAULT_NODE_DIR}/mooncake.json"
 HEAD_RESOURCE = "node:__internal_head__"
 AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests",
-                    "upscale_delay_s", "downscale_delay_s")
+                    "upscale_delay_s", "downscale_delay_s", "forecast")
 POOL_DEPLOYMENTS = {"prefill": "prefill", "decode": "decode"}
 READY_TIMEOUT_S = 1800
 
@@ -79,11 +80,16 @@ def localize(cfg: BatonConfig, head_ip: str) -> tuple[BatonConfig, list[str]]:
     return out, changes
 
 
-def pool_autoscaling(pool: PoolConfig, name: str) -> dict[str, Any] | None:
+def pool_autoscaling(pool: PoolConfig, name: str, kind: str | None = None,
+                     config_path: str | Path | None = None) -> dict[str, Any] | None:
     """Serve's `autoscaling_config` for a pool, or None for a fixed size.
 
     Reads `pool.autoscaling` (a pydantic model or a mapping) if the config has
     one. `replicas` becomes Serve's `initial_replicas`, clamped to the bounds.
+    With `forecast`, the pool gets the forecast policy (deployments/autoscaling.py)
+    for `kind` (prefill, decode or colocated; default `name`), its capacity curve
+    read beside `config_path` or from `forecast.capacity_file`.
+    Raises ConfigError naming the field.
     """
     raw = getattr(pool, "autoscaling", None)
     if raw is None:
@@ -113,15 +119,31 @@ def pool_autoscaling(pool: PoolConfig, name: str) -> dict[str, Any] | None:
     for key in ("upscale_delay_s", "downscale_delay_s"):
         if key in data:
             out[key] = float(data[key])
+    if data.get("forecast") is not None:
+        return _forecast(out, name, kind or name, data["forecast"], config_path)
     return out
 
 
-def plan(cfg: BatonConfig) -> dict[str, Any]:
+def _forecast(base: dict[str, Any], name: str, kind: str, raw, config_path) -> dict[str, Any]:
+    from pydantic import ValidationError
+
+    from common.config_autoscale import ForecastAutoscaling
+    from deployments import capacity
+
+    try:
+        forecast = ForecastAutoscaling.model_validate(raw)
+        curves = capacity.load_for_config(config_path, forecast.capacity_file)
+    except (ValidationError, ValueError, OSError) as exc:
+        raise ConfigError(f"{name}.autoscaling.forecast: {exc}") from None
+    return autoscaling.forecast_autoscaling(base, kind, forecast, curves)
+
+
+def plan(cfg: BatonConfig, config_path: str | Path | None = None) -> dict[str, Any]:
     """What `deploy` will ask Serve for, per pool: a summary that is also printed."""
     pools = {}
     for name in ("decode",) if cfg.colocated else ("prefill", "decode"):
         pool: PoolConfig = getattr(cfg, name)
-        auto = pool_autoscaling(pool, name)
+        auto = pool_autoscaling(pool, name, "colocated" if cfg.colocated else name, config_path)
         pools[name] = {
             "replicas": pool.replicas,
             "autoscaling": auto,
@@ -134,7 +156,7 @@ def plan(cfg: BatonConfig) -> dict[str, Any]:
     return result
 
 
-def _rewrite(app, overrides: dict[str, dict[str, Any]]):
+def rewrite(app, overrides: dict[str, dict[str, Any]]):
     """The same application graph with Serve options changed per deployment name.
 
     `deployments.app.build_app` fixes `num_replicas`; autoscaling and the
@@ -145,8 +167,8 @@ def _rewrite(app, overrides: dict[str, dict[str, Any]]):
     from ray.serve import Application
 
     dep = app._bound_deployment
-    args = tuple(_rewrite(a, overrides) if isinstance(a, Application) else a for a in dep.init_args)
-    kwargs = {k: _rewrite(v, overrides) if isinstance(v, Application) else v
+    args = tuple(rewrite(a, overrides) if isinstance(a, Application) else a for a in dep.init_args)
+    kwargs = {k: rewrite(v, overrides) if isinstance(v, Application) else v
               for k, v in dep.init_kwargs.items()}
     opts = dict(overrides.get(dep.name, {}))
     if "ray_actor_options" in opts:
@@ -157,23 +179,27 @@ def _rewrite(app, overrides: dict[str, dict[str, Any]]):
     return Application(dep.options(_init_args=args, _init_kwargs=kwargs, **opts))
 
 
-def overrides(cfg: BatonConfig) -> dict[str, dict[str, Any]]:
+def autoscaling_overrides(cfg: BatonConfig, config_path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Per-deployment `autoscaling_config` of the pools that have an `autoscaling` section."""
+    return {POOL_DEPLOYMENTS[name]: {"autoscaling_config": pinfo["autoscaling"]}
+            for name, pinfo in plan(cfg, config_path)["pools"].items() if pinfo["autoscaling"]}
+
+
+def overrides(cfg: BatonConfig, config_path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Per-deployment Serve options `deploy` adds to the graph of build_app."""
     out: dict[str, dict[str, Any]] = {}
     if cfg.routes():
         # Engines publish KV events to routing.events_host, the head.
         out["kv_indexer"] = {"ray_actor_options": {"resources": {HEAD_RESOURCE: 0.001}}}
-    for name, pinfo in plan(cfg)["pools"].items():
-        if pinfo["autoscaling"]:
-            out[POOL_DEPLOYMENTS[name]] = {"autoscaling_config": pinfo["autoscaling"]}
+    out.update(autoscaling_overrides(cfg, config_path))
     return out
 
 
-def build(cfg: BatonConfig, worker_config: Path):
+def build(cfg: BatonConfig, worker_config: Path, config_path: str | Path | None = None):
     """The application `deploy` hands to serve.run (needs Ray Serve, not a cluster)."""
     from deployments.app import build_app
 
-    return _rewrite(build_app(cfg, worker_config), overrides(cfg))
+    return rewrite(build_app(cfg, worker_config), overrides(cfg, config_path))
 
 
 def head_ip_of_cluster() -> str:
@@ -258,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     source = path or "<defaults>"
     try:
         cfg = load_config(path)
-        summary = plan(cfg)
+        summary = plan(cfg, path)
     except ConfigError as exc:
         print(f"baton deploy: {exc}", file=sys.stderr)
         return 2
@@ -299,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in distribute_worker_config(cfg, worker_config):
             print(f"  {line}")
         serve.start(proxy_location="Disabled")  # decode replicas serve the public port
-        rollout(build(cfg, worker_config), Progress(total=0), args.timeout, wait=not args.no_wait)
+        rollout(build(cfg, worker_config, path), Progress(total=0), args.timeout, wait=not args.no_wait)
         print(f"Baton is deployed: http://{head_ip}:{cfg.serve.port}/v1/chat/completions")
         return 0
     except (RuntimeError, TimeoutError, ConfigError) as exc:

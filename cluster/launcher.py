@@ -37,6 +37,7 @@ class LocalStack:
     def __init__(self, cfg: BatonConfig, config_source: str, progress: Progress | None = None):
         self.cfg = cfg
         self.source = config_source
+        self.config_path = config_source if Path(config_source).is_file() else None
         self.state_dir = cfg.state_path()
         self.log_dir = self.state_dir / "logs"
         self.progress = progress or Progress(total=7)
@@ -100,14 +101,16 @@ class LocalStack:
     def _serve(self, worker_cfg: Path) -> None:
         from ray import serve
 
+        from cluster.deploy import autoscaling_overrides, rewrite
         from deployments.app import build_app
 
         # No Serve HTTP proxy: decode replicas serve the public port themselves.
         serve.start(proxy_location="Disabled")
         warmup = WarmupServer(self.cfg.serve.host, self.cfg.serve.port).start()
+        app = build_app(self.cfg, worker_cfg, self._loopback_env, self._threads())
+        scaled = autoscaling_overrides(self.cfg, self.config_path)  # pools with an `autoscaling` section
         try:
-            rollout(build_app(self.cfg, worker_cfg, self._loopback_env, self._threads()), self.progress,
-                    ENGINE_WARMUP_TIMEOUT_S)
+            rollout(rewrite(app, scaled) if scaled else app, self.progress, ENGINE_WARMUP_TIMEOUT_S)
         finally:
             warmup.stop()
 

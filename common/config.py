@@ -20,6 +20,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from common.config_admission import AdmissionConfig
+from common.config_autoscale import AutoscalingSection
 from common.config_base import ConfigError, _Strict, parse_size
 from common.config_models import CatalogueConfig, CatalogueModel, check_catalogue
 from common.config_batch import BatchConfig
@@ -65,20 +66,6 @@ class ReplicaResources(_Strict):
         if self.resources:
             opts["resources"] = dict(self.resources)
         return opts
-
-
-class AutoscalingSection(_Strict):
-    min_replicas: int = Field(1, ge=0, description="fewest replicas Serve keeps")
-    max_replicas: int = Field(4, ge=1, description="most replicas Serve may start")
-    target_ongoing_requests: float = Field(
-        8, gt=0, description="requests in flight per replica that Serve steers towards"
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "AutoscalingSection":
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("min_replicas must not exceed max_replicas")
-        return self
 
 
 class PoolConfig(_Strict):

@@ -1,4 +1,4 @@
-"""The forecast autoscaling section: `<pool>.autoscaling.forecast` in the config.
+"""A pool's `autoscaling` section, and its forecast part: `<pool>.autoscaling.forecast`.
 
 Absent (null), a pool with `autoscaling` keeps the reactive in-flight policy
 (deployments/autoscaling.in_flight_policy). Present, `baton deploy` gives the
@@ -7,6 +7,10 @@ deployments/autoscaling.py) with these settings, Serve's own up/downscale
 delays set to 0 (the policy's guard rails replace them). With `app_level` on
 both pools (disaggregated), prefill and decode are decided together by one
 application-level policy; the decode pool's section then holds the settings.
+Serve takes an application-level policy only from a config-file deploy
+(`serve deploy`), not from `serve.run`, which `baton up` and `baton deploy`
+use; until Baton deploys that way, each pool runs its own forecast policy
+and `app_level` is reported as not applied (cluster/deploy.py `plan`).
 
 The capacity curve is read from `capacity_file`, else from
 `<config stem>.capacity.yaml` beside the config file, else the shipped curve
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from common.config_base import _Strict
 
@@ -63,3 +67,21 @@ class ForecastAutoscaling(_Strict):
     def policy_params(self) -> dict:
         """The fields deployments.scale_policy.PolicyParams takes (JSON-serialisable)."""
         return self.model_dump(exclude={"app_level", "capacity_file"})
+
+
+class AutoscalingSection(_Strict):
+    min_replicas: int = Field(1, ge=0, description="fewest replicas Serve keeps")
+    max_replicas: int = Field(4, ge=1, description="most replicas Serve may start")
+    target_ongoing_requests: float = Field(
+        8, gt=0, description="requests in flight per replica that Serve steers towards"
+    )
+    forecast: ForecastAutoscaling | None = Field(
+        None, description="scale ahead of a forecast of the pool's load (deployments/scale_policy.py); "
+        "null: the reactive policy, in-flight requests / target_ongoing_requests"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingSection":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self

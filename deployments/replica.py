@@ -23,6 +23,7 @@ import concurrent.futures
 import os
 import socket
 import threading
+import time
 
 from actors.finisher import Finisher
 from actors.heartbeat import Heartbeat
@@ -30,7 +31,7 @@ from actors.openai_app import EngineApp
 from common import tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
-from deployments.autoscaling import METRIC
+from deployments.autoscaling import SignalMeter
 
 
 def replica_id() -> str:
@@ -84,6 +85,7 @@ class EngineReplica:
         self.servers: list = []
         self.metrics = None
         self.in_flight = 0
+        self.signals = SignalMeter()
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
         self.leases = None
@@ -124,7 +126,7 @@ class EngineReplica:
         if front is not None:
             await self.leases.start()
             await self.keys.start()
-            self._serve(front, listen_socket(s.host, s.port, reuse_port=True))
+            self._serve(front, listen_socket(s.host, s.port, reuse_port=True), public=True)
             if front.sites is not None:
                 front.sites.start()
             self.batch_runner.start()
@@ -195,16 +197,18 @@ class EngineReplica:
             front.sites = SiteLink(self.cfg, gate, self.http, metrics)
         return front
 
-    def _serve(self, app, sock: socket.socket) -> None:
-        server, task = _server(self._counting(app), sock)
+    def _serve(self, app, sock: socket.socket, public: bool = False) -> None:
+        server, task = _server(self._counting(app, public), sock)
         self.servers.append(server)
         self.tasks.append(task)
 
-    def _counting(self, app):
-        """`app`, counting the HTTP requests in flight (for autoscaling)."""
+    def _counting(self, app, public: bool):
+        """`app`, counting the HTTP requests in flight and the arrivals (for autoscaling);
+        `public`: the clients' front, whose inference requests are the pool's arrivals."""
         async def counted(scope, receive, send):
             if scope["type"] != "http" or scope["path"] in ("/health", "/metrics", "/baton/metrics"):
                 return await app(scope, receive, send)
+            self.signals.arrived(scope["path"], public)
             self.in_flight += 1
             try:
                 await app(scope, receive, send)
@@ -213,8 +217,9 @@ class EngineReplica:
         return counted
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metric (deployments/autoscaling.py)."""
-        return {METRIC: float(self.in_flight)}
+        """Serve's custom autoscaling metrics (deployments/autoscaling.py): in flight, arrivals,
+        and the front's interval means. Moves the meter's interval baseline."""
+        return self.signals.report(time.monotonic(), self.in_flight, self.metrics)
 
     async def check_health(self) -> None:
         """Serve's health probe: raises if the engine or a server died."""

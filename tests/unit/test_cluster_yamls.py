@@ -249,10 +249,50 @@ def test_pool_autoscaling_maps_to_serve():
             deploy.pool_autoscaling(_Pool(1, bad), "decode")
 
 
+def test_a_forecast_section_gives_the_pool_the_forecast_policy(tmp_path):
+    """`autoscaling.forecast` swaps the policy for the forecast one, with Serve's delays at 0,
+    the pool's kind and its capacity curve (the file beside the config when there is one)."""
+    from ray.serve.config import AutoscalingConfig
+
+    from common.config import load_config
+    from deployments import autoscaling
+    from deployments.capacity import DEFAULT_CURVE
+
+    path = tmp_path / "baton.yaml"
+    path.write_text("colocated: true\ndecode:\n  autoscaling: {max_replicas: 3, forecast: {forecaster: holt}}\n")
+    got = deploy.plan(load_config(path, environ={}), path)["pools"]["decode"]["autoscaling"]
+    assert got["policy"]["policy_function"] == autoscaling.FORECAST_POLICY
+    assert got["upscale_delay_s"] == got["downscale_delay_s"] == 0.0
+    kwargs = got["policy"]["policy_kwargs"]
+    assert kwargs["kind"] == "colocated" and kwargs["params"]["forecaster"] == "holt"
+    assert kwargs["params"]["max_replicas"] == 3 and kwargs["curve"]["points"]
+    AutoscalingConfig(**got)  # Serve accepts it
+    assert autoscaling.PoolForecastPolicy(**kwargs).kind == "colocated"  # what Serve's controller builds
+    # Disaggregated, each pool its own kind; a curve file beside the config wins over the shipped one.
+    path.write_text("colocated: false\nprefill:\n  autoscaling: {forecast: {}}\n")
+    (tmp_path / "baton.capacity.yaml").write_text(DEFAULT_CURVE.read_text().replace("711.96", "111.0"))
+    pools = deploy.plan(load_config(path, environ={}), path)["pools"]
+    kwargs = pools["prefill"]["autoscaling"]["policy"]["policy_kwargs"]
+    assert kwargs["kind"] == "prefill" and kwargs["curve"]["points"][0]["tokens_per_s"] == 111.0
+    assert pools["decode"]["autoscaling"] is None
+
+
+def test_a_bad_forecast_section_names_the_field(tmp_path):
+    from common.config import ConfigError, load_config
+
+    path = tmp_path / "baton.yaml"
+    path.write_text(f"decode:\n  autoscaling: {{forecast: {{capacity_file: {tmp_path / 'none.yaml'}}}}}\n")
+    with pytest.raises(ConfigError, match="decode.autoscaling.forecast"):
+        deploy.plan(load_config(path, environ={}), path)
+    path.write_text("decode:\n  autoscaling: {forecast: {forecaster: prophet}}\n")
+    with pytest.raises(ConfigError, match="forecaster"):
+        load_config(path, environ={})
+
+
 def test_deploy_overrides_pin_indexer_and_scale_pools(monkeypatch):
     cfg = BatonConfig()
     monkeypatch.setattr(deploy, "pool_autoscaling",
-                        lambda pool, name: {"min_replicas": 1, "max_replicas": 4} if name == "decode" else None)
+                        lambda pool, name, *_: {"min_replicas": 1, "max_replicas": 4} if name == "decode" else None)
     out = deploy.overrides(cfg)
     assert out["kv_indexer"]["ray_actor_options"]["resources"] == {deploy.HEAD_RESOURCE: 0.001}
     assert out["decode"] == {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}
@@ -276,7 +316,7 @@ def test_rewrite_keeps_the_graph_and_applies_options():
 
     app = Root.bind({"k": 1}, Leaf.bind("decode"), indexer=Indexer.bind())
     auto = {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2, "target_ongoing_requests": 8}
-    new = deploy._rewrite(app, {"decode": {"autoscaling_config": auto},
+    new = deploy.rewrite(app, {"decode": {"autoscaling_config": auto},
                                 "kv_indexer": {"ray_actor_options": {"resources": {deploy.HEAD_RESOURCE: 0.001}}}})
     root = new._bound_deployment
     assert root.init_args[0] == {"k": 1}
