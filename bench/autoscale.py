@@ -29,8 +29,10 @@ JSON line on stdout: per trace and policy those metrics
     python -m bench.autoscale
     python -m bench.autoscale --out docs/bench_autoscale_sim.json --plot docs/img/bench_autoscale_sim.png
 
-A real-stack run on compressed time plugs into MODES (a function of the
-parsed arguments returning {"traces": ...}).
+`--real` runs the forecast and reactive policies on a real stack in
+compressed time instead (bench/autoscale_real.py, about 14 minutes).
+
+    python -m bench.autoscale --real --out docs/bench_autoscale_real.json --plot docs/img/bench_autoscale_real.png
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.autoscale_metrics import aggregate
+from bench.autoscale_real import add_arguments, run_real
 from bench.autoscale_sim import POLICIES, SimConfig, simulate
 from bench.autoscale_traces import default_traces
 from deployments.capacity import load_for_config
@@ -51,7 +54,7 @@ from deployments.capacity import load_for_config
 MISS_REDUCTION = 0.50
 COST_SLACK = 0.10
 MAX_CHANGES_PER_10MIN = 1
-TARGET_TRACES = ("ramp", "diurnal")
+TARGET_TRACES = ("ramp", "diurnal", "ramp_real")
 
 
 def _log(msg: str) -> None:
@@ -114,7 +117,7 @@ def run_sim(args: argparse.Namespace) -> dict:
             "curve": args.curve or "deployments/capacity_tiny_cpu.yaml", "traces": out}
 
 
-MODES: dict[str, Callable[[argparse.Namespace], dict]] = {"sim": run_sim}
+MODES: dict[str, Callable[[argparse.Namespace], dict]] = {"sim": run_sim, "real": run_real}
 
 
 def _reduction(new: float, old: float) -> float | None:
@@ -152,7 +155,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--sim", dest="mode", action="store_const", const="sim",
                       help="simulated pools driving the real policy objects (default)")
+    mode.add_argument("--real", dest="mode", action="store_const", const="real",
+                      help="forecast and reactive on a real colocated stack, compressed time")
     p.set_defaults(mode="sim")
+    add_arguments(p)
     p.add_argument("--traces", nargs="+", default=list(default_traces()), choices=list(default_traces()))
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     p.add_argument("--curve", default=None, help="capacity curve file (default: the shipped tiny-CPU curve)")
