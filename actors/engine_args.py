@@ -21,7 +21,8 @@ from common.listeners import is_loopback
 Role = Literal["prefill", "decode", "colocated"]
 _KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # Set by Baton itself; a pool's engine_args may not override them.
-_OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", "kv_transfer_config"}
+_OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", "kv_transfer_config",
+          "speculative_config"}
 
 
 def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
@@ -41,6 +42,9 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
         # A fixed size also skips the CPU backend's check that 92% of the
         # node's memory is free, which fails with several engines per node.
         kwargs["kv_cache_memory_bytes"] = int(pool.kv_cache_gb * 2**30)
+    if pool.speculation is not None and role != "prefill":  # prefill computes one token: nothing to speculate
+        kwargs["speculative_config"] = pool.speculation.vllm()
+        kwargs["disable_log_stats"] = False  # the acceptance counts come with the engine's stats
     kwargs.update(pool.engine_args)
     kv_role = _KV_ROLE.get(role)
     if role == "colocated" and cfg.mooncake.colocated_pool and cfg.routes():
@@ -102,9 +106,14 @@ def validate(cfg: BatonConfig, source: str) -> None:
         for key in getattr(cfg, pool_name).engine_args:
             field = f"{pool_name}.engine_args.{key}"
             if key in _OWNED:
-                raise ConfigError(f"invalid config in {source}:\n  {field}: set by Baton from `model`; remove it")
+                raise ConfigError(f"invalid config in {source}:\n  {field}: set by Baton from `model` "
+                                  f"or `speculation`; remove it")
             if key not in known:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: not a vLLM engine argument")
+    for pool_name in ("prefill", "decode"):
+        spec = getattr(cfg, pool_name).speculation
+        if spec is not None and (why := spec.missing_draft()):
+            raise ConfigError(f"invalid config in {source}:\n  {pool_name}.speculation.draft_model: {why}")
     check_budgets(cfg, source)
     for i, entry in enumerate(cfg.models):
         for key in entry.engine_args:

@@ -74,6 +74,7 @@ class EngineApp:
         self.app = None
         self.state = None
         self.saves = None  # a SaveWatch on prefill replicas
+        self.spec = None  # a SpecCounts where the pool speculates
 
     async def start(self) -> None:
         """Starts the engine (a minute on CPU) and builds the app's state."""
@@ -89,7 +90,16 @@ class EngineApp:
         eargs = engine_args.build(self.cfg, self.role, topic=topic, replay_endpoint=self.events_replay)
         if eargs.kv_transfer_config is not None:
             eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
-        self.engine = AsyncLLM.from_engine_args(eargs)
+        loggers = None
+        if eargs.speculative_config is not None:  # count acceptance from the engine's stats (actors/spec_stats.py)
+            import logging
+
+            from actors.spec_stats import SpecCounts, stat_logger
+
+            self.spec = SpecCounts()
+            loggers = [stat_logger(self.spec)]
+            logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)  # not vLLM's 10 s log lines
+        self.engine = AsyncLLM.from_engine_args(eargs, stat_loggers=loggers)
         if self.role == "prefill":
             await self._watch_saves()
         args = argparse.Namespace(**(vars(frontend_args(self.cfg)) | vars(eargs)))

@@ -73,9 +73,13 @@ def _engines(cfg: BatonConfig) -> list[Component]:
                      f"prefill {1000 * e['prefill_s_per_token']:.3f} ms/token, "
                      f"pool load {1000 * e.get('load_s_per_token', 0):.4f} ms/token, "
                      f"step {1000 * e.get('step_s', 0):.1f} ms ({e.get('fit_steps', 0)} steps)")
+            spec = ("" if "spec_drafts" not in e else
+                    f"; speculation: {e['spec_drafts']} drafts, acceptance {e.get('spec_acceptance_rate', '-')}, "
+                    f"mean accepted length {e.get('spec_mean_accepted_length', '-')}")
             out.append(Component(f"{pool}:{name}"[:16], "healthy" if name in fresh else "down",
                                  f"running {e.get('running', 0)}, waiting {e.get('waiting', 0)}, "
-                                 f"KV empty {e.get('kv_empty_blocks', '?')}/{e.get('kv_blocks', '?')} blocks; {rates}"))
+                                 f"KV empty {e.get('kv_empty_blocks', '?')}/{e.get('kv_blocks', '?')} blocks; "
+                                 f"{rates}{spec}"))
     return out
 
 

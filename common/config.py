@@ -26,6 +26,7 @@ from common.config_models import CatalogueConfig, CatalogueModel, check_catalogu
 from common.config_batch import BatchConfig
 from common.config_runtime import RayConfig, TracingConfig
 from common.config_sites import SitesConfig
+from common.config_spec import SpeculationConfig
 from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
 
 __all__ = ["AdmissionConfig", "BatonConfig", "ConfigError", "load_config", "parse_size"]
@@ -97,6 +98,9 @@ class PoolConfig(_Strict):
     )
     autoscaling: AutoscalingSection | None = Field(
         None, description="per-pool autoscaling (used by `baton deploy`); null keeps `replicas` fixed"
+    )
+    speculation: SpeculationConfig | None = Field(
+        None, description="speculative decoding in this pool's engines (common/config_spec.py); null: none"
     )
 
 

@@ -135,7 +135,12 @@ class EngineReplica:
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url,
             "events_replay": self.engine.events_replay},
-            load=lambda: {**self.engine_load, "unfinished": self.engine.running()})
+            load=self._load)
+
+    def _load(self) -> dict:
+        """What the next heartbeat reports: the engine's load, and its speculation where it has any."""
+        spec = getattr(self.engine, "spec", None)
+        return {**self.engine_load, "unfinished": self.engine.running(), **(spec.summary() if spec else {})}
 
     async def _refresh_load(self) -> None:
         """Keeps `engine_load` (what the next heartbeat reports) as fresh as the heartbeat."""
@@ -154,6 +159,10 @@ class EngineReplica:
         from deployments.request_routing import RequestRouting
 
         self.metrics = metrics = IngressMetrics()
+        if getattr(self.engine, "spec", None) is not None:  # speculation's acceptance, in /metrics
+            from actors.spec_stats import SpecCollector
+
+            metrics.registry.register(SpecCollector(self.engine.spec, self.pool))
         bs = self.cfg.model.block_size
         kv_bytes = kv_bytes_per_token(self.cfg.model.resolved_path(), self.cfg.model.dtype)
         finished.on_usage = lambda *answer: metrics.record_usage(*answer, bs, kv_bytes)  # info, usage, tenant, model

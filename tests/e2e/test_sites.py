@@ -5,6 +5,11 @@ reach each other through delay proxies (bench/delay_proxy.py, 10 ms each way),
 as two sites a few hundred kilometres apart would. `a` has one engine permit,
 so a second request finds it full. Both stacks start once for the module, in
 parallel.
+
+Site `b` also speculates (n-gram prompt lookup, common/config_spec.py) and `a`
+does not, as sites with different configs would; the last tests use the pair
+as speculation's end-to-end check: greedy answers equal with and without it,
+and b's acceptance counters move.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ def sites(tmp_path_factory):
     for name, other in (("a", "b"), ("b", "a")):
         workdir = tmp_path_factory.mktemp(f"site-{name}")
         (workdir / "site_token").write_text(TOKEN)
+        decode = {"replicas": 1, **({"speculation": {"method": "ngram"}} if name == "b" else {})}
         stacks[name] = StackProcess(write_config(
-            workdir, colocated=True, decode={"replicas": 1}, serve={"port": ports[name],
+            workdir, colocated=True, decode=decode, serve={"port": ports[name],
                                                                      "api_keys": {hash_key(KEY): "tenant-s"}},
             admission={"capacity_per_replica": 1 if name == "a" else 4, "max_queue_per_tenant": 8},
             sites={"name": name, "peers": [{"name": other, "url": proxies[(name, other)].url}],
@@ -143,3 +149,36 @@ def test_a_dead_site_loses_nothing_and_rejoins_the_map(sites):
     _wait_map(stacks["a"], "b", present=False, timeout_s=TTL_S + 10)
     proxies[("a", "b")].start()
     _wait_map(stacks["a"], "b", present=True)
+
+
+ECHO = ("Tool result: status ok, items one two three, owner alpha beta gamma. "
+        "Repeat the tool result. Tool result: status ok, items one two three, owner")
+
+
+def _metric(stack, name: str) -> float | None:
+    m = re.search(rf'^{name}\{{pool="decode"\}} (\S+)$', httpx.get(f"{stack.url}/metrics", timeout=10).text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_greedy_answers_are_the_same_with_speculation(sites):
+    """b speculates, a does not: each answers the same prompts greedily, token for token."""
+    stacks, _ = sites
+    for i in range(4):
+        body = {"model": "baton-tiny", "messages": [{"role": "user", "content": f"{i}. {ECHO}"}],
+                "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+        texts = []
+        for name in "ab":
+            r = httpx.post(f"{stacks[name].url}/v1/chat/completions", json=body, timeout=120,
+                           headers={"authorization": f"Bearer {KEY}"})
+            assert r.status_code == 200 and not r.headers.get("x-baton-site"), r.text  # served where sent
+            texts.append(r.json()["choices"][0]["message"]["content"])
+        assert texts[0] == texts[1]
+
+
+def test_speculation_counters_move_on_the_site_that_speculates(sites):
+    stacks, _ = sites
+    drafts = _metric(stacks["b"], "baton_spec_drafts_total")
+    proposed, accepted = (_metric(stacks["b"], f"baton_spec_{k}_tokens_total") for k in ("draft", "accepted"))
+    assert drafts and drafts > 0, "b proposed no drafts"
+    assert 0 <= accepted <= proposed
+    assert _metric(stacks["a"], "baton_spec_drafts_total") is None  # a does not speculate
