@@ -150,15 +150,16 @@ def cmd_secrets(args) -> int:
     return 0
 
 
-BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites", "autoscale")
+BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites", "autoscale",
+           "spec")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, autoscale, kv, load, models, overload, reject, router, serve, sites, ttft
+    from bench import affinity, autoscale, kv, load, models, overload, reject, router, serve, sites, spec, ttft
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
                "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites,
-               "autoscale": autoscale}
+               "autoscale": autoscale, "spec": spec}
     return modules[args.what].main(args.extra)
 
 
