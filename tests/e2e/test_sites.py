@@ -43,7 +43,9 @@ def sites(tmp_path_factory):
     for name, other in (("a", "b"), ("b", "a")):
         workdir = tmp_path_factory.mktemp(f"site-{name}")
         (workdir / "site_token").write_text(TOKEN)
-        decode = {"replicas": 1, **({"speculation": {"method": "ngram"}} if name == "b" else {})}
+        # Lookups from one token: the random model's answers rarely repeat two.
+        spec = {"speculation": {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}}
+        decode = {"replicas": 1, **(spec if name == "b" else {})}
         stacks[name] = StackProcess(write_config(
             workdir, colocated=True, decode=decode, serve={"port": ports[name],
                                                                      "api_keys": {hash_key(KEY): "tenant-s"}},
@@ -151,8 +153,17 @@ def test_a_dead_site_loses_nothing_and_rejoins_the_map(sites):
     _wait_map(stacks["a"], "b", present=True)
 
 
-ECHO = ("Tool result: status ok, items one two three, owner alpha beta gamma. "
-        "Repeat the tool result. Tool result: status ok, items one two three, owner")
+ECHO = "Tool result: status ok, items one two three, owner alpha beta gamma."
+
+
+def _echo_chat(stack, i: int) -> httpx.Response:
+    """A greedy turn after an earlier answer: the assistant header at the end of the prompt occurs
+    earlier too, so n-gram lookup has something to propose whatever the model says."""
+    messages = [{"role": "user", "content": f"{i}. {ECHO} Repeat it."}, {"role": "assistant", "content": ECHO},
+                {"role": "user", "content": "Again, please."}]
+    body = {"model": "baton-tiny", "messages": messages, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"authorization": f"Bearer {KEY}"})
 
 
 def _metric(stack, name: str) -> float | None:
@@ -164,21 +175,18 @@ def test_greedy_answers_are_the_same_with_speculation(sites):
     """b speculates, a does not: each answers the same prompts greedily, token for token."""
     stacks, _ = sites
     for i in range(4):
-        body = {"model": "baton-tiny", "messages": [{"role": "user", "content": f"{i}. {ECHO}"}],
-                "max_tokens": 48, "temperature": 0, "ignore_eos": True}
-        texts = []
-        for name in "ab":
-            r = httpx.post(f"{stacks[name].url}/v1/chat/completions", json=body, timeout=120,
-                           headers={"authorization": f"Bearer {KEY}"})
+        answers = [_echo_chat(stacks[name], i) for name in "ab"]
+        for r in answers:
             assert r.status_code == 200 and not r.headers.get("x-baton-site"), r.text  # served where sent
-            texts.append(r.json()["choices"][0]["message"]["content"])
-        assert texts[0] == texts[1]
+        assert answers[0].json()["choices"][0]["message"] == answers[1].json()["choices"][0]["message"]
 
 
 def test_speculation_counters_move_on_the_site_that_speculates(sites):
     stacks, _ = sites
+    before = _metric(stacks["b"], "baton_spec_drafts_total")
+    assert _echo_chat(stacks["b"], 9).status_code == 200
     drafts = _metric(stacks["b"], "baton_spec_drafts_total")
     proposed, accepted = (_metric(stacks["b"], f"baton_spec_{k}_tokens_total") for k in ("draft", "accepted"))
-    assert drafts and drafts > 0, "b proposed no drafts"
+    assert drafts > before, "b proposed no drafts"
     assert 0 <= accepted <= proposed
     assert _metric(stacks["a"], "baton_spec_drafts_total") is None  # a does not speculate
