@@ -115,11 +115,14 @@ class LocalStack:
             warmup.stop()
 
     def _threads(self) -> dict[str, str]:
-        """The engines' thread split when this process started Ray's only node; {} on a cluster."""
+        """The engines' thread split when this process started Ray's only node; {} on a cluster.
+        An autoscaled pool counts with its most replicas: they would share the same cores."""
         if self.cfg.ray.address:
             return {}
         c = self.cfg
-        engines = engine_threads.local_engines(c.colocated, c.prefill.replicas, c.decode.replicas)
+        most = {name: max(p.replicas, p.autoscaling.max_replicas if p.autoscaling else 0)
+                for name, p in (("prefill", c.prefill), ("decode", c.decode))}
+        engines = engine_threads.local_engines(c.colocated, most["prefill"], most["decode"])
         return engine_threads.thread_env(engines, self._cores())
 
     def _cores(self) -> int:

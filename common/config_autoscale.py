@@ -10,7 +10,8 @@ application-level policy; the decode pool's section then holds the settings.
 Serve takes an application-level policy only from a config-file deploy
 (`serve deploy`), not from `serve.run`, which `baton up` and `baton deploy`
 use; until Baton deploys that way, each pool runs its own forecast policy
-and `app_level` is reported as not applied (cluster/deploy.py `plan`).
+and `app_level` has no effect (the policy class, AppForecastPolicy, is
+tested inside Serve's wrappers but not deployed).
 
 The capacity curve is read from `capacity_file`, else from
 `<config stem>.capacity.yaml` beside the config file, else the shipped curve
@@ -35,7 +36,8 @@ class ForecastAutoscaling(_Strict):
     )
     app_level: bool = Field(
         True, description="disaggregated: prefill and decode decided together by one application-level "
-        "policy (Serve's autoscaling_policy of the application); false: each pool on its own signals"
+        "policy (Serve's autoscaling_policy of the application; not applied yet: serve.run takes none, so "
+        "each pool runs on its own signals); false: each pool on its own signals"
     )
     engine_start_s: float = Field(60.0, gt=0, description="a new replica's start until it serves")
     slo_ttft_s: float = Field(1.5, gt=0, description="TTFT SLO the prefill pool is sized for")
