@@ -19,9 +19,12 @@ last `window` closed bins.
   `predict(h, z)` can return an upper quantile.
 
 Both models are numpy alone (a grid of parameter sets scored in one vectorised
-pass, not an optimiser): statsmodels would bring scipy into every process's
-environment, and vLLM's engine imports load scipy whenever it is installed,
-which cost the serving path (docs/benchmarks.md, "Check after issues 33-35").
+pass, not an optimiser). They were statsmodels' `ExponentialSmoothing` and
+`UnobservedComponents` until statsmodels was dropped for bringing scipy into
+every process's environment (vLLM's engine imports load scipy whenever it is
+installed) on the evidence of one `bench serve` run; the serving path's loss
+turned out to be the engines' spin cap (deployments/app.py), so that reason
+does not stand measured (docs/benchmarks.md, "Check after issues 33-35").
 Model work happens when a bin closes: one fit per `refit_s`, one pass and one
 forecast path (up to `max_horizon_s`) per bin, whatever the caller's sample
 rate; `predict` reads the stored path.
