@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import subprocess
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.autoscale_traces import Trace, ramp
 from bench.stack import StackProcess, bench_workdir, write_config
 from cluster import loopback
 from common.constants import REPO_ROOT
@@ -60,11 +62,9 @@ while True:
 """
 
 
-def rate_at(t: float, low: float, high: float, warm_s: float, ramp_s: float) -> float:
-    """Requests/s of the ramp trace `t` seconds into the run."""
-    if t < warm_s:
-        return low
-    return low + (high - low) * min(1.0, (t - warm_s) / ramp_s)
+def real_trace(args) -> Trace:
+    """The run's rate trace: bench/autoscale_traces.py's ramp, held at its top to the end."""
+    return ramp(args.real_low, args.real_high, args.real_ramp, hold_s=math.inf, flat_s=args.real_warm)
 
 
 def _autoscaling(policy: str, max_replicas: int, slo_s: float, engine_start_s: float) -> dict:
@@ -96,12 +96,11 @@ async def _one(client: httpx.AsyncClient, url: str, i: int, rng: random.Random) 
 
 async def _load(url: str, args, seed: int) -> list[tuple[float, float | None]]:
     """Open-loop Poisson arrivals over the ramp; (send time, TTFT or None on failure) per request."""
-    rng = random.Random(seed)
+    rng, rate_at = random.Random(seed), real_trace(args).rate
     start, tasks, i = time.monotonic(), [], 0
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as client:
         while (t := time.monotonic() - start) < args.real_duration:
-            rate = rate_at(t, args.real_low, args.real_high, args.real_warm, args.real_ramp)
-            await asyncio.sleep(rng.expovariate(rate))
+            await asyncio.sleep(rng.expovariate(rate_at(t)))
             tasks.append(asyncio.ensure_future(_one(client, url, i, rng)))
             i += 1
         done = await asyncio.gather(*tasks)
@@ -154,9 +153,9 @@ def summarise(policy: str, sent: list[tuple[float, float | None]], states: list[
             changes += last is not None and d != last
             last = d
         prev = n
-    ends = [t for t, _ in states[1:]] + [args.real_duration]
+    ends, trace = [t for t, _ in states[1:]] + [args.real_duration], real_trace(args)
     series = [{"t": round(t, 1), "decode_target": n, "prefill_target": 0, "running": r,
-               "rate": rate_at(t, args.real_low, args.real_high, args.real_warm, args.real_ramp),
+               "rate": trace.rate(t),
                "ttft_misses": sum(1 for m in misses if t <= m < end)}
               for (t, n), (_, r), end in zip(asked, running, ends)]
 

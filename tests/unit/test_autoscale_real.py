@@ -6,15 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.autoscale_real import rate_at, summarise
+from bench.autoscale_real import real_trace, summarise
 
 ARGS = SimpleNamespace(slo=1.0, real_duration=10.0, real_low=2.0, real_high=10.0, real_warm=2.0, real_ramp=4.0)
 
 
 def test_the_ramp_holds_then_rises_then_holds():
-    assert rate_at(0.0, 2, 10, 2, 4) == rate_at(1.9, 2, 10, 2, 4) == 2
-    assert rate_at(4.0, 2, 10, 2, 4) == pytest.approx(6.0)
-    assert rate_at(6.0, 2, 10, 2, 4) == rate_at(60.0, 2, 10, 2, 4) == 10
+    rate_at = real_trace(ARGS).rate  # 2 req/s for 2 s, up to 10 over 4 s, then held
+    assert rate_at(0.0) == rate_at(1.9) == 2
+    assert rate_at(4.0) == pytest.approx(6.0)
+    assert rate_at(6.0) == rate_at(60.0) == 10
 
 
 def test_summarise_counts_misses_replica_seconds_and_reversals():
