@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -146,17 +146,3 @@ def replicas_for(load_tps: float, per_replica_tps: float) -> int:
     if per_replica_tps <= 0:
         raise ValueError("per-replica throughput must be positive")
     return int(math.ceil(load_tps / per_replica_tps - 1e-9))
-
-
-def plan_replicas(predict: Callable[[float], float], curve: PoolCurve, batch: int, start_s: float,
-                  step_s: float = 5.0) -> int:
-    """Replicas a pool needs from now until a replica started now would serve.
-
-    `predict(h)` is the load (the curve's unit per second) `h` seconds ahead; a
-    replica asked for now serves only after `start_s`, so the count covers the
-    largest forecast over [0, start_s], each replica at `batch` (the curve's
-    throughput there)."""
-    per_replica = curve.tokens_per_s(batch)
-    steps = max(1, int(math.ceil(start_s / step_s)))
-    peak = max(predict(min(start_s, i * step_s)) for i in range(steps + 1))
-    return replicas_for(peak, per_replica)

@@ -11,7 +11,7 @@ from common.config_autoscale import ForecastAutoscaling
 from common.constants import REPO_ROOT
 from deployments import autoscaling as glue
 from deployments import capacity
-from deployments.capacity import CapacityFile, CurvePoint, PoolCurve, plan_replicas, replicas_for
+from deployments.capacity import CapacityFile, CurvePoint, PoolCurve, replicas_for
 from deployments.forecast import ConstantForecaster
 from deployments.scale_policy import (AppPolicy, ForecastPolicy, GuardRails, PolicyParams, RateMeter,
                                       ReactivePolicy, Signals, deferred_rate)
@@ -31,13 +31,10 @@ def test_curve_interpolates_and_stays_flat_beyond_the_largest_batch():
     assert CURVE.target_batch(100, 1.5) == 3  # 300 / 200 = 1.5 s fits, 400 / 250 = 1.6 s does not
 
 
-def test_replicas_for_and_plan_over_the_start_time():
+def test_replicas_for():
     assert replicas_for(0, 100) == 0 and replicas_for(250, 100) == 3 and replicas_for(300, 100) == 3
     with pytest.raises(ValueError):
         replicas_for(1, 0)
-    rising = lambda h: 400 + 10 * h  # noqa: E731 - the load h seconds ahead
-    assert plan_replicas(rising, CURVE, batch=8, start_s=60) == 3  # 1000 at 60 s over 450 each
-    assert plan_replicas(lambda h: 400, CURVE, batch=8, start_s=60) == 1
 
 
 def test_curve_file_schema_loader_and_place_beside_the_config(tmp_path):
