@@ -97,12 +97,15 @@ def _mooncake(cfg: BatonConfig) -> Component:
     return Component("mooncake", h.state, detail)
 
 
+def _residence(baton: dict) -> str:
+    return " (resident)" if baton.get("resident") else " (asleep)" if baton.get("asleep") else ""
+
+
 def _http(url: str) -> Component:
     try:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:  # noqa: S310
             # A catalogue's entries say whether they are resident on the replica that answered.
-            models = [m["id"] + (" (resident)" if m.get("baton", {}).get("resident") else "")
-                      for m in json.loads(resp.read())["data"]]
+            models = [m["id"] + _residence(m.get("baton", {})) for m in json.loads(resp.read())["data"]]
         return Component("endpoint", "healthy", f"{url} serving {', '.join(models)}")
     except Exception as exc:  # noqa: BLE001
         return Component("endpoint", "down", f"{url}: {exc}")

@@ -82,6 +82,10 @@ class CatalogueConfig(_Strict):
         30, ge=0, description="a woken model stays at least this long before another may evict it "
         "(hysteresis: two models never swap faster than this)")
     demand_half_life_s: float = Field(60, gt=0, description="half-life of the request rate residency weighs")
+    sleep_level: int | None = Field(
+        None, ge=0, le=2, description="how an evicted model leaves: 1 and 2 put its engine to vLLM's sleep "
+        "(1 keeps the weights in host memory, 2 drops them and reloads them from the checkpoint on wake), "
+        "0 stops its processes; null: 1 where vLLM's platform has sleep mode (GPUs), else 0")
     standby: bool = Field(
         True, description="keep a process with vLLM's engine modules imported, from which cold engines "
         "fork (actors/fast_start.py): a wake then costs seconds, not a Python start")
@@ -94,13 +98,16 @@ def catalogue_models(cfg) -> list[CatalogueModel]:
     return [first, *cfg.models]
 
 
-def for_model(cfg, entry: CatalogueModel):
-    """`cfg` (a BatonConfig) as a one-model stack of `entry`: what one engine of the catalogue is built from."""
+def for_model(cfg, entry: CatalogueModel, sleep: bool = False):
+    """`cfg` (a BatonConfig) as a one-model stack of `entry`: what one engine of the catalogue is built
+    from; with `sleep`, its engine is started with vLLM's sleep mode on."""
+    extra = {"enable_sleep_mode": True} if sleep else {}
     if entry.id == cfg.model.served_name:
-        return cfg.model_copy(update={"models": []})
+        decode = cfg.decode.model_copy(update={"engine_args": {**cfg.decode.engine_args, **extra}})
+        return cfg.model_copy(update={"decode": decode, "models": []})
     model = cfg.model.model_copy(update={"served_name": entry.id, "path": str(entry.resolved_path())})
     decode = cfg.decode.model_copy(update={"kv_cache_gb": entry.kv_cache_gb,
-                                           "engine_args": {**cfg.decode.engine_args, **entry.engine_args}})
+                                           "engine_args": {**cfg.decode.engine_args, **entry.engine_args, **extra}})
     return cfg.model_copy(update={"model": model, "decode": decode, "models": []})
 
 

@@ -4,9 +4,13 @@ A replica of a stack with `models:` (common/config_models.py) hosts one
 engine per resident model, each with its own engine-core and worker
 processes, so a model that crashes takes only itself down. What is resident
 is decided by routing/residency.py from recent demand, within
-`catalogue.memory_gb`; a request for a cold model wakes it (a new engine,
-forked from the standby of actors/fast_start.py), first evicting the least
-wanted models that have been resident long enough. One swap runs at a time.
+`catalogue.memory_gb`; a request for a cold model wakes it, first evicting
+the least wanted models that have been resident long enough. One swap runs
+at a time. Where vLLM has sleep mode (GPUs; `catalogue.sleep_level`), an
+evicted engine sleeps (its weights go to host memory, or are dropped at
+level 2, and its KV cache is freed) and a wake resumes it; elsewhere an
+evicted engine's processes stop and a wake starts a new engine, forked
+from the standby of actors/fast_start.py.
 
 A request that cannot have its model before its deadline is refused at once
 (`ModelUnavailable`, a 429 with Retry-After), never parked. A model whose
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections import Counter
@@ -32,7 +37,9 @@ from common.config_models import catalogue_models, check_budgets, for_model
 from deployments.schemas import APIError
 from routing.residency import Residency
 
-FIRST_WAKE_GUESS_S = 10.0  # a model's wake time before one was measured
+log = logging.getLogger(__name__)
+FIRST_WAKE_GUESS_S = 10.0  # a model's engine start before one was measured
+FIRST_RESUME_GUESS_S = 2.0  # a sleeping engine's wake before one was measured
 
 
 class ModelUnavailable(APIError):
@@ -57,9 +64,12 @@ class ModelHost:
         check_budgets(cfg, "the replica's config")  # `baton up` and `deploy` checked it with the file's name
         self.residency = Residency(capacity, budgets, c.min_resident_s, c.demand_half_life_s)
         self.engines: dict[str, EngineApp] = {}
+        self.asleep: dict[str, EngineApp] = {}  # evicted engines in vLLM's sleep mode
+        self.sleep_level = 0  # resolved by `start`
         self.apps: dict[str, Finisher] = {}
         self.in_flight: Counter = Counter()
-        self.wake_s: dict[str, float] = {}
+        self.wake_s: dict[str, float] = {}  # engine starts, a running mean per model
+        self.resume_s: dict[str, float] = {}  # wakes from sleep, likewise
         self.swap = asyncio.Lock()
         self._waking: dict[str, asyncio.Task] = {}  # models waking for no request in particular
         self.on_usage = None  # set by the replica: every model's Finisher reports usage to it
@@ -68,7 +78,8 @@ class ModelHost:
 
     async def start(self) -> None:
         """Starts the standby (if configured) and wakes the first model; raises if it cannot start."""
-        if self.cfg.catalogue.standby:
+        self.sleep_level = sleep_level(self.cfg.catalogue.sleep_level)
+        if self.cfg.catalogue.standby and not self.sleep_level:
             from actors.fast_start import use_standby
 
             use_standby()
@@ -95,7 +106,7 @@ class ModelHost:
                 await self._drop(model)
                 now = time.monotonic()
                 plan = self._plan(model, now)
-                ready_in = plan.wait_s + self.wake_s.get(model, FIRST_WAKE_GUESS_S)
+                ready_in = plan.wait_s + self._wake_guess(model)
                 if now - start + ready_in > deadline_s:
                     if math.isfinite(plan.wait_s) and model not in self._waking:
                         # It wakes anyway, as soon as it can, for the retry Retry-After asks for.
@@ -127,6 +138,11 @@ class ModelHost:
         finally:
             self._waking.pop(model, None)
 
+    def _wake_guess(self, model: str) -> float:
+        if model in self.asleep:
+            return self.resume_s.get(model, FIRST_RESUME_GUESS_S)
+        return self.wake_s.get(model, FIRST_WAKE_GUESS_S)
+
     def _plan(self, model: str, now: float):
         """Residency's plan for waking `model`; models with requests in flight are never victims."""
         return self.residency.plan(model, now, busy={m for m, n in self.in_flight.items() if n})
@@ -144,16 +160,53 @@ class ModelHost:
         await self._wake(model, now)
 
     async def _wake(self, model: str, now: float) -> None:
-        """Starts `model`'s engine; on failure the catalogue is as before and ModelUnavailable says why."""
+        """Resumes `model`'s sleeping engine, or starts one; on failure the catalogue is as before and
+        ModelUnavailable says why."""
         self.residency.woke(model, now)
         t0 = time.monotonic()
+        engine = await self._resume(model)
+        times = self.resume_s
+        if engine is None:
+            engine, times = await self._start(model), self.wake_s
+        took = time.monotonic() - t0
+        times[model] = took if model not in times else 0.5 * (times[model] + took)
+        self.engines[model] = engine
+        self.apps[model] = Finisher(engine.app, self.replica, lambda *answer: self.on_usage and self.on_usage(*answer))
+        if self.metrics is not None:
+            self.metrics.model_wakes.labels(model).inc()
+            self.metrics.model_wake_s.labels(model).observe(took)
+
+    async def _resume(self, model: str) -> EngineApp | None:
+        """Wakes `model`'s sleeping engine (reloading its weights after a level-2 sleep); None if it
+        has none, or if it died asleep or failed to wake (then it is stopped)."""
+        engine = self.asleep.pop(model, None)
+        if engine is None:
+            return None
+        try:
+            if engine.errored():
+                raise RuntimeError("the engine died while asleep")
+            if self.sleep_level == 2:
+                await engine.engine.wake_up(["weights"])
+                await engine.engine.collective_rpc("reload_weights")
+                await engine.engine.wake_up(["kv_cache"])
+            else:
+                await engine.engine.wake_up()
+            return engine
+        except Exception as exc:  # noqa: BLE001 - a fresh start replaces an engine that cannot wake
+            log.warning("model %s could not wake from sleep (%r); starting a new engine", model, exc)
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+            return None
+
+    async def _start(self, model: str):
+        """A new engine for `model`, started; raises ModelUnavailable (and leaves nothing running) if it fails."""
         entry = self.entries[model]
         if entry.runtime_env is not None:  # its own environment: a Ray actor (deployments/model_actor.py)
             from deployments.model_actor import RemoteEngine
 
             engine = RemoteEngine(self.cfg, model, self.replica, entry.runtime_env)
         else:
-            engine = EngineApp(for_model(self.cfg, entry), "colocated", self.replica, self.events_host)
+            engine = EngineApp(for_model(self.cfg, entry, sleep=self.sleep_level > 0), "colocated",
+                               self.replica, self.events_host)
         try:
             await engine.start()
         except Exception as exc:  # noqa: BLE001 - a failed start must not leave the model listed as resident
@@ -161,28 +214,32 @@ class ModelHost:
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
             raise ModelUnavailable(503, f"The model '{model}' failed to load ({type(exc).__name__}); retry later",
                                    5.0) from exc
-        if self.cfg.catalogue.standby:  # its processes started niced; they serve at full priority
+        if self.cfg.catalogue.standby and not self.sleep_level:  # started niced; serve at full priority
             from actors.fast_start import serving_priority
 
             serving_priority(_pids(engine))
-        took = time.monotonic() - t0
-        self.wake_s[model] = took if model not in self.wake_s else 0.5 * (self.wake_s[model] + took)
-        self.engines[model] = engine
-        self.apps[model] = Finisher(engine.app, self.replica, lambda *answer: self.on_usage and self.on_usage(*answer))
-        if self.metrics is not None:
-            self.metrics.model_wakes.labels(model).inc()
-            self.metrics.model_wake_s.labels(model).observe(took)
+        return engine
 
     async def _drop(self, model: str) -> None:
-        """Stops `model`'s engine if it has one (evicted, or dead); frees its processes' memory."""
+        """Takes `model`'s engine out of service if it has one (evicted, or dead): a live one sleeps
+        where sleep mode is on (its accelerator memory freed, `asleep` holds it), else its processes
+        stop and their memory is freed."""
         engine = self.engines.pop(model, None)
         self.apps.pop(model, None)
         if engine is None:
             return
         self.residency.evicted(model)
+        why = "died" if engine.errored() else "evicted"
+        if why == "evicted" and self.sleep_level and isinstance(engine, EngineApp):
+            try:
+                await engine.engine.sleep(self.sleep_level)
+                self.asleep[model], why = engine, "slept"
+            except Exception as exc:  # noqa: BLE001 - an engine that cannot sleep is stopped instead
+                log.warning("model %s could not sleep (%r); stopping it", model, exc)
         if self.metrics is not None:
-            self.metrics.model_evictions.labels(model, "died" if engine.errored() else "evicted").inc()
-        await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+            self.metrics.model_evictions.labels(model, why).inc()
+        if why != "slept":
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
 
     # -- what the replica and the front read ---------------------------------------
 
@@ -190,7 +247,8 @@ class ModelHost:
         """/v1/models' entries: every catalogue model, whether it is resident here, its budget and, when
         resident, its engine processes' PIDs."""
         return [{"id": i, "object": "model", "created": 0, "owned_by": "baton",
-                 "baton": {"resident": self.resident_here(i), "memory_bytes": self.residency.budgets[i],
+                 "baton": {"resident": self.resident_here(i), "asleep": i in self.asleep,
+                           "memory_bytes": self.residency.budgets[i],
                            "pids": _pids(self.engines[i]) if i in self.engines else []}}
                 for i in self.entries]
 
@@ -232,12 +290,13 @@ class ModelHost:
         return sum(e.capacity_blocks for e in self.engines.values())
 
     async def engine_load(self) -> dict:
-        return {"resident": sorted(self.engines), "unfinished": self.running()}
+        return {"resident": sorted(self.engines), "asleep": sorted(self.asleep), "unfinished": self.running()}
 
     def shutdown(self) -> None:
-        for engine in list(self.engines.values()):
+        for engine in [*self.engines.values(), *self.asleep.values()]:
             engine.shutdown()
         self.engines.clear()
+        self.asleep.clear()
 
 
 async def _respond(send, status: int, body: dict, headers: dict | None = None) -> None:
@@ -264,6 +323,15 @@ def _pids(engine) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return pids
+
+
+def sleep_level(configured: int | None) -> int:
+    """`catalogue.sleep_level` resolved: as configured, or 1 where vLLM's platform has sleep mode, else 0."""
+    if configured is not None:
+        return configured
+    from vllm.platforms import current_platform
+
+    return 1 if current_platform.is_sleep_mode_available() else 0
 
 
 def retry_after(seconds: float) -> str:

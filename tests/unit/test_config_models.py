@@ -41,6 +41,22 @@ models: [{id: other, path: /ckpt/other, kv_cache_gb: 0.5, engine_args: {max_num_
     assert for_model(cfg, catalogue_models(cfg)[0]).model == cfg.model
 
 
+def test_sleep_mode_reaches_every_models_engine_and_cpu_swaps_processes(tmp_path):
+    from deployments.model_host import sleep_level
+
+    cfg = load_config(write(tmp_path, """
+colocated: true
+models: [{id: other, path: /ckpt/other}]
+catalogue: {sleep_level: 2}
+"""), environ={})
+    assert cfg.catalogue.sleep_level == 2
+    for entry in catalogue_models(cfg):
+        assert engine_args.engine_kwargs(for_model(cfg, entry, sleep=True), "colocated")["enable_sleep_mode"] is True
+        assert "enable_sleep_mode" not in engine_args.engine_kwargs(for_model(cfg, entry), "colocated")
+    assert sleep_level(2) == 2 and sleep_level(0) == 0
+    assert sleep_level(None) == 0  # auto: vLLM's CPU platform has no sleep mode; processes are swapped
+
+
 @pytest.mark.parametrize("text, field", [
     ("colocated: true\nmodels: [{id: baton-tiny}]", "appears twice"),
     ("colocated: true\nmodels: [{id: a}, {id: a}]", "appears twice"),
@@ -48,6 +64,7 @@ models: [{id: other, path: /ckpt/other, kv_cache_gb: 0.5, engine_args: {max_num_
     ("colocated: true\nmodels: [{id: 'bad id'}]", "models.0.id"),
     ("colocated: true\nmodels: [{id: a, kv_cache_gb: 0}]", "models.0.kv_cache_gb"),
     ("colocated: true\nmodels: [{id: a, speed: 3}]", "models.0.speed"),
+    ("colocated: true\ncatalogue: {sleep_level: 3}", "catalogue.sleep_level"),
     ("colocated: true\nmodels: [{id: a, runtime_env: {conda: x}}]", "unknown runtime_env fields ['conda']"),
     ("colocated: true\nmodels: [{id: a, runtime_env: {env_vars: {A: 1}}}]", "env_vars values must be strings"),
 ])
