@@ -35,12 +35,11 @@ import json
 import math
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from cluster import tiny_model
-from common.constants import CORPUS
+from common.constants import CORPUS, DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR
 from common.progress import Progress
 
 SEED = 1234
@@ -261,23 +260,36 @@ def train(model, maker: SequenceMaker, hp: dict, log=print) -> list[float]:
     return losses
 
 
+def _inputs(role: str, seed: int, hp: dict) -> dict:
+    return {"role": role, "seed": seed, "corpus_sha256": corpus_sha256(), "arch": ARCH[role],
+            "vocab_size": tiny_model.VOCAB_SIZE, "held_out_every": HELD_OUT_EVERY, "hparams": hp}
+
+
+def built(out: Path, role: str = "main", seed: int = SEED, hp: dict | None = None) -> dict | None:
+    """The marker in `out` if it records a finished training with these inputs (role, seed, the
+    corpus's hash, architecture, hyperparameters), else None. Reads files only (no torch)."""
+    marker = out / MARKER
+    if not marker.exists():
+        return None
+    done = json.loads(marker.read_text())
+    want = json.loads(json.dumps(_inputs(role, seed, hp or HPARAMS[role])))
+    return done if {k: done.get(k) for k in want} == want else None
+
+
 def build(out: Path, role: str = "main", seed: int = SEED, hp: dict | None = None,
           force: bool = False, log=print) -> dict:
     """Trains the `role` model ("main" or "draft") into `out` as an HF checkpoint with the
     random model's tokenizer, unless `MARKER` there already records the same inputs.
     Returns the marker's content plus `cached`. One torch thread: deterministic, and the
     time recorded is the budget measured."""
+    hp = hp or HPARAMS[role]
+    want = _inputs(role, seed, hp)
+    if not force and (done := built(out, role, seed, hp)) is not None:
+        return dict(done, cached=True)
     import torch
     from transformers import AutoTokenizer
 
-    hp = hp or HPARAMS[role]
-    want = {"role": role, "seed": seed, "corpus_sha256": corpus_sha256(), "arch": ARCH[role],
-            "vocab_size": tiny_model.VOCAB_SIZE, "held_out_every": HELD_OUT_EVERY, "hparams": hp}
     marker = out / MARKER
-    if not force and marker.exists():
-        done = json.loads(marker.read_text())
-        if {k: done.get(k) for k in want} == json.loads(json.dumps(want)):
-            return dict(done, cached=True)
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
     threads = torch.get_num_threads()
@@ -303,6 +315,16 @@ def build(out: Path, role: str = "main", seed: int = SEED, hp: dict | None = Non
     return dict(done, cached=False)
 
 
+def ensure_default(log=print) -> Path:
+    """The default model's directory, trained (main, then draft) where its checkpoint is missing or
+    records other inputs than these (a changed corpus or seed); a no-op on the committed checkpoints."""
+    for out, role in ((DEFAULT_MODEL_DIR, "main"), (DRAFT_MODEL_DIR, "draft")):
+        if built(out, role) is None:
+            log(f"training the default {role} model into {out} (a few CPU minutes, once)")
+            build(out, role, log=log)
+    return DEFAULT_MODEL_DIR
+
+
 def heldout_prompts(n: int = 40, seed: int = EVAL_SEED) -> list[tuple[list[dict], str]]:
     """`n` (chat, tool result) pairs whose result is made from the held-out corpus lines only."""
     rng, held = random.Random(seed), split_corpus(CORPUS.read_text())[1]
@@ -311,61 +333,6 @@ def heldout_prompts(n: int = 40, seed: int = EVAL_SEED) -> list[tuple[list[dict]
         result = result_text(rng, held)
         pairs.append((messages_for(rng, result), result))
     return pairs
-
-
-def greedy_echo(model, tok, pairs, max_new_tokens: int = 64) -> dict:
-    """Greedy answers (transformers generate) of `model` to `pairs`: the mean echo rate, the
-    share of answers that are the tool result exactly, and the (prompt, answer) token ids."""
-    import torch
-
-    rates, exact, seqs = [], 0, []
-    for msgs, result in pairs:
-        prompt = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"]
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        answer = [t for t in out[0, len(prompt):].tolist() if t != tok.eos_token_id]
-        rates.append(echo_rate(prompt, answer))
-        exact += tok.decode(answer) == result
-        seqs.append((prompt, answer))
-    return {"echo_rate": round(sum(rates) / len(rates), 4), "exact": round(exact / len(pairs), 4),
-            "seqs": seqs}
-
-
-def agreement(draft, seqs) -> float:
-    """Share of the target's greedy answer tokens that `draft` also predicts greedily from the
-    same prefix (teacher-forced): what speculative decoding with it would accept."""
-    import torch
-
-    hits = total = 0
-    for prompt, answer in seqs:
-        if answer:
-            with torch.no_grad():
-                logits = draft(torch.tensor([prompt + answer])).logits[0]
-            guess = logits[len(prompt) - 1:len(prompt) + len(answer) - 1].argmax(-1).tolist()
-            hits += sum(g == a for g, a in zip(guess, answer))
-            total += len(answer)
-    return round(hits / max(1, total), 4)
-
-
-def evaluate(main_dir: Path, draft_dir: Path | None = None, n: int = 40) -> dict:
-    """Echo rates on `n` held-out tool-result prompts: trained model, draft, random model."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(1)
-    pairs, tok = heldout_prompts(n), AutoTokenizer.from_pretrained(main_dir)
-    load = lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()  # noqa: E731
-    report = {"prompts": n, "k": ECHO_K, "main": greedy_echo(load(main_dir), tok, pairs)}
-    if draft_dir:
-        draft = load(draft_dir)
-        report["draft"] = greedy_echo(draft, tok, pairs)
-        report["draft"]["agreement"] = agreement(draft, report["main"]["seqs"])
-    with tempfile.TemporaryDirectory() as tmp:
-        report["random"] = greedy_echo(load(tiny_model.generate(Path(tmp))), tok, pairs)
-    for part in ("main", "draft", "random"):
-        report.get(part, {}).pop("seqs", None)
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             with progress.step(f"{role} model into {out} (cached if trained before)"):
                 built[role] = build(out, role, args.seed, force=args.force, log=log)
+    from cluster.copy_eval import evaluate
+
     with progress.step(f"echo rates on {args.prompts} held-out tool-result prompts"):
         report = evaluate(args.out, args.draft_out, args.prompts)
     for role, done in built.items():

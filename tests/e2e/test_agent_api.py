@@ -25,6 +25,9 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Pa
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": CITY}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The copying model fills a forced call's arguments from JSON it was shown; asked plainly, it pads the
+# arguments with the whitespace the JSON grammar allows until max_tokens.
+ASK_WITH_ARGS = [{"role": "user", "content": 'What is the weather in Paris? Use {"city": "Paris"}'}]
 FORCED = {"type": "function", "function": {"name": "get_weather"}}
 TOOL_TURN = ASK + [
     {"role": "assistant", "content": None, "tool_calls": [
@@ -42,7 +45,7 @@ def _create(client, **kw):
 
 
 def forced_tool_call(client):
-    msg = _create(client, messages=ASK, tools=TOOLS, tool_choice=FORCED, max_tokens=40).choices[0].message
+    msg = _create(client, messages=ASK_WITH_ARGS, tools=TOOLS, tool_choice=FORCED, max_tokens=40).choices[0].message
     call = msg.tool_calls[0]
     return call.function.name, json.loads(call.function.arguments)
 
@@ -71,10 +74,13 @@ def two_choices(client):
 
 
 def penalties(client):
-    # Seeded sampling: the tiny model's greedy margins are wider than any penalty.
-    plain = _create(client, messages=ASK, max_tokens=40, temperature=1.0, seed=11).choices[0].message.content
+    # Seeded sampling: the tiny model's greedy margins are wider than any penalty. Past its end of
+    # answer (ignore_eos), so that there are repeats for the penalties to act on.
+    more = {"ignore_eos": True}
+    plain = _create(client, messages=ASK, max_tokens=40, temperature=1.0, seed=11,
+                    extra_body=more).choices[0].message.content
     penalised = _create(client, messages=ASK, max_tokens=40, temperature=1.0, seed=11, presence_penalty=2.0,
-                        frequency_penalty=2.0).choices[0].message.content
+                        frequency_penalty=2.0, extra_body=more).choices[0].message.content
     assert plain != penalised
     return penalised
 

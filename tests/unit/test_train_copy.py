@@ -101,3 +101,15 @@ def test_same_seed_same_weights(tmp_path):
     b = train_copy.build(tmp_path / "b", "draft", seed=3, hp=SMOKE, log=lambda _: None)
     assert a["final_loss"] == b["final_loss"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_committed_default_checkpoints_match_their_inputs():
+    """The default model and its draft ship as committed checkpoints whose markers record the inputs;
+    an edit of the corpus or the hyper-parameters without retraining (`python -m cluster.train_copy
+    --out models/baton-tiny-copy --draft-out models/baton-tiny-copy-draft`) would make every fresh
+    install train them again."""
+    from common.constants import DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR
+
+    assert train_copy.built(DEFAULT_MODEL_DIR, "main") is not None
+    assert train_copy.built(DRAFT_MODEL_DIR, "draft") is not None
+    assert (DEFAULT_MODEL_DIR / "model.safetensors").stat().st_size > 2_000_000
