@@ -40,17 +40,30 @@ class BatchRunner:
         self.cfg, self.store, self.gate, self.app = cfg, store, gate, app
         self.running: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
+        self.backlog: tuple[float, float, float] | None = None  # BatchStore.backlog, for autoscaling
+        self._backlog_at = 0.0
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
 
     async def _loop(self) -> None:
         while True:
+            await self._measure_backlog()
             try:
                 started = await self.tick()
             except (redis.RedisError, OSError):
                 started = False
             await asyncio.sleep(0.05 if started else self.cfg.batch.poll_s)
+
+    async def _measure_backlog(self) -> None:
+        """Refreshes `backlog` (at most once a second); None while it cannot be read."""
+        if time.monotonic() < self._backlog_at:
+            return
+        self._backlog_at = time.monotonic() + 1.0
+        try:
+            self.backlog = await self.store.backlog(time.time())
+        except Exception:  # noqa: BLE001 - a figure for autoscaling must never stop the runner
+            self.backlog = None
 
     def _room(self) -> bool:
         snap = self.gate.snapshot()

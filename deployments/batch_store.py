@@ -22,11 +22,24 @@ request looks like on the wire (deployments/batch_api.py).
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 
 P = "baton:"
 ACTIVE = f"{P}batches:active"
+CHARS_PER_TOKEN = 4  # a line's prompt tokens before it is rendered: its messages' JSON length / 4
+DEFAULT_OUTPUT_TOKENS = 256  # a line that sets no max_tokens
+
+def line_work(line: str) -> tuple[int, int]:
+    """An input line's (JSON text's) estimated (prompt tokens, output tokens): its messages' or
+    prompt's length in characters / CHARS_PER_TOKEN, and max_tokens (or DEFAULT_OUTPUT_TOKENS) x n."""
+    body = json.loads(line)["body"]
+    text = json.dumps(body.get("messages", body.get("prompt", "")))
+    out = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_OUTPUT_TOKENS
+    n = body.get("n") if isinstance(body.get("n"), int) and body.get("n") > 0 else 1
+    return len(text) // CHARS_PER_TOKEN + 1, (out if isinstance(out, int) and out > 0 else DEFAULT_OUTPUT_TOKENS) * n
+
 
 _CLAIM = """
 local n = redis.call('LPOP', KEYS[1])
@@ -119,6 +132,7 @@ class BatchStore:
         pipe.set(k, json.dumps({**batch, "tenant": tenant}))
         pipe.zadd(f"{P}batches:{tenant}", {batch["id"]: time.time()})
         if lines:
+            pipe.set(f"{k}:work", json.dumps([sum(w) for w in zip(*map(line_work, lines))]))
             pipe.rpush(f"{k}:lines", *lines)
             pipe.rpush(f"{k}:todo", *range(len(lines)))
             pipe.sadd(ACTIVE, batch["id"])
@@ -161,6 +175,26 @@ class BatchStore:
         """(lines not yet claimed, lines running)."""
         k = f"{P}batch:{batch_id}"
         return int(await self.r.llen(f"{k}:todo")), int(await self.r.zcard(f"{k}:running"))
+
+    async def backlog(self, now: float) -> tuple[float, float, float] | None:
+        """The work in-progress batches still hold, for autoscaling: (prompt tokens, output tokens,
+        seconds until the earliest is due), each batch's estimate (`line_work`) in proportion to its
+        lines not yet finished; None when no batch has any. `now` is wall-clock time."""
+        prompt = output = 0.0
+        due = math.inf
+        for batch_id in await self.active():
+            k = f"{P}batch:{batch_id}"
+            raw, work = await self.r.get(k), await self.r.get(f"{k}:work")
+            if raw is None or work is None:
+                continue
+            batch = json.loads(raw)
+            total, left = batch["request_counts"]["total"], sum(await self.unfinished(batch_id))
+            if batch["status"] != "in_progress" or batch.get("expiring") or not total or not left:
+                continue
+            p, o = json.loads(work)
+            prompt, output = prompt + p * left / total, output + o * left / total
+            due = min(due, batch["expires_at"] - now)
+        return None if math.isinf(due) else (prompt, output, max(0.0, due))
 
     # -- lines ----------------------------------------------------------------
 

@@ -86,6 +86,7 @@ class EngineReplica:
         self.metrics = None
         self.in_flight = 0
         self.signals = SignalMeter()
+        self.batch_runner = None  # a front's Batch API runner
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
         self.leases = None
@@ -227,8 +228,10 @@ class EngineReplica:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics (deployments/autoscaling.py): in flight, arrivals,
-        and the front's interval means. Moves the meter's interval baseline."""
-        return self.signals.report(time.monotonic(), self.in_flight, self.metrics)
+        the front's interval means and the batch work its Batch API runner holds. Moves the meter's
+        interval baseline."""
+        return self.signals.report(time.monotonic(), self.in_flight, self.metrics,
+                                   batch=self.batch_runner.backlog if self.batch_runner is not None else None)
 
     async def check_health(self) -> None:
         """Serve's health probe: raises if the engine or a server died."""

@@ -150,3 +150,34 @@ def test_lines_wait_while_interactive_requests_queue_or_the_reserve_is_taken(red
         assert await runner.tick() is True
         await store.r.aclose()
     asyncio.run(main())
+
+
+def test_backlog_is_the_unfinished_share_of_each_batchs_estimated_work(redis_url):
+    from deployments.batch_store import CHARS_PER_TOKEN, DEFAULT_OUTPUT_TOKENS, line_work
+
+    assert line_work(_line("a", messages=["x" * 40], max_tokens=10, n=2)) == (len('["' + "x" * 40 + '"]') // CHARS_PER_TOKEN
+                                                                             + 1, 20)
+    assert line_work(_line("b", prompt="hi"))[1] == DEFAULT_OUTPUT_TOKENS
+
+    async def main():
+        store = BatchStore(redis.asyncio.Redis.from_url(redis_url, db=7))  # no other test's batches
+        await store.r.flushdb()
+        assert await store.backlog(1000.0) is None
+        lines = [_line(f"w{i}", messages=["y" * 400], max_tokens=50) for i in range(4)]
+        await store.create_batch("t", _batch("batch_5", 4, expires_at=1600), lines)
+        prompt, output, due = await store.backlog(1000.0)
+        assert prompt == 4 * line_work(lines[0])[0] and output == 200 and due == 600
+        await store.claim("batch_5", lease_s=60)  # running still counts; finished does not
+        await store.complete("batch_5", 0, {"custom_id": "w0"}, failed=False)
+        assert (await store.backlog(1000.0))[1] == 150
+        batch = await store.batch("batch_5", "t")
+        await store.save_batch(dict(batch, status="cancelling"))
+        assert await store.backlog(1000.0) is None  # only in-progress batches wait to be run
+        runner = _runner(store, _Front())
+        await store.create_batch("t", _batch("batch_6", 1, expires_at=2**40), [lines[0]])
+        task = asyncio.ensure_future(runner._loop())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        assert runner.backlog is not None and runner.backlog[1] == 50  # the replica reports this
+        await store.r.aclose()
+    asyncio.run(main())
