@@ -38,8 +38,10 @@ from bench.stack import StackProcess, bench_workdir, write_config
 from common.constants import REPO_ROOT
 
 MODEL, DRAFT = REPO_ROOT / "models" / "baton-tiny-copy", REPO_ROOT / "models" / "baton-tiny-copy-draft"
+EAGLE = REPO_ROOT / "models" / "baton-tiny-copy-eagle"
 METHODS = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": 4},
-           "draft": {"method": "draft", "num_speculative_tokens": 4, "draft_model": str(DRAFT)}}
+           "draft": {"method": "draft", "num_speculative_tokens": 4, "draft_model": str(DRAFT)},
+           "eagle": {"method": "eagle", "num_speculative_tokens": 4, "draft_model": str(EAGLE)}}
 QUESTIONS = ("What does this make you think of?", "Say something new about it.", "Continue the story.")
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 
@@ -59,13 +61,11 @@ def workloads(n_echo: int, n_free: int) -> dict[str, tuple[int, list[list[dict]]
 
 
 def ensure_models() -> None:
-    """Trains the copying model and its draft if they are not there yet (cached by seed and corpus)."""
+    """The copying model, its draft and its EAGLE head (committed; trained again only if their
+    inputs changed)."""
     from cluster import train_copy
 
-    for role, out in (("main", MODEL), ("draft", DRAFT)):
-        if not (out / train_copy.MARKER).exists():
-            _log(f"training the {role} copying model into {out} (a few CPU minutes)")
-            train_copy.build(out, role, log=lambda line: print(line, file=sys.stderr, flush=True))
+    train_copy.ensure_default(log=_log)
 
 
 async def _one(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int) -> dict:
@@ -173,7 +173,7 @@ def compare(results: dict) -> None:
 def targets(results: dict) -> dict:
     """Issue 33's bars, from the colocated and disaggregated runs."""
     out: dict = {}
-    echo = {m: results[("colocated", m)]["tool_echo"] for m in ("ngram", "draft")
+    echo = {m: results[("colocated", m)]["tool_echo"] for m in ("ngram", "draft", "eagle")
             if "tool_echo" in results.get(("colocated", m), {})}
     best = min((w.get("tpot_p50_vs_off", 9) for w in echo.values()), default=None)
     out["tool_echo_best_tpot_vs_off"] = best
@@ -183,7 +183,7 @@ def targets(results: dict) -> dict:
     free = results.get(("colocated", "ngram"), {}).get("free_text", {})
     out["free_text_ngram_tpot_vs_off"] = free.get("tpot_p50_vs_off")
     out["free_text_ok"] = (free.get("tpot_p50_vs_off") or 9) <= 1.05
-    for m in ("ngram", "draft"):
+    for m in ("ngram", "draft", "eagle"):
         c = results.get(("colocated", m), {}).get("tool_echo", {}).get("acceptance_rate")
         d = results.get(("disaggregated", m), {}).get("tool_echo", {}).get("acceptance_rate")
         if c and d:

@@ -316,12 +316,17 @@ def build(out: Path, role: str = "main", seed: int = SEED, hp: dict | None = Non
 
 
 def ensure_default(log=print) -> Path:
-    """The default model's directory, trained (main, then draft) where its checkpoint is missing or
-    records other inputs than these (a changed corpus or seed); a no-op on the committed checkpoints."""
+    """The default model's directory, trained (main, draft, EAGLE head) where a checkpoint is missing
+    or records other inputs than these (a changed corpus or seed); a no-op on the committed ones."""
     for out, role in ((DEFAULT_MODEL_DIR, "main"), (DRAFT_MODEL_DIR, "draft")):
         if built(out, role) is None:
             log(f"training the default {role} model into {out} (a few CPU minutes, once)")
             build(out, role, log=log)
+    from cluster import train_eagle  # its head reads the main model's features: after it
+
+    if train_eagle.built() is None:
+        log(f"training the default model's EAGLE head into {train_eagle.EAGLE_DIR} (a few CPU minutes, once)")
+        train_eagle.build(log=log)
     return DEFAULT_MODEL_DIR
 
 

@@ -15,7 +15,8 @@ runner as well as on GPUs):
   directory) proposes; `cluster/train_copy.py` trains one for the default
   copying model.
 - `eagle`: an EAGLE head (`draft_model`) trained on the target's hidden
-  states. Baton ships none for its default model.
+  states; `cluster/train_eagle.py` trains `models/baton-tiny-copy-eagle`
+  for the default model.
 
 In a disaggregated deployment, speculation belongs to the decode pool: the
 prefill pool computes the prompt and one token and loads the target alone;
