@@ -31,14 +31,16 @@ ACTIVE = f"{P}batches:active"
 CHARS_PER_TOKEN = 4  # a line's prompt tokens before it is rendered: its messages' JSON length / 4
 DEFAULT_OUTPUT_TOKENS = 256  # a line that sets no max_tokens
 
+
 def line_work(line: str) -> tuple[int, int]:
     """An input line's (JSON text's) estimated (prompt tokens, output tokens): its messages' or
     prompt's length in characters / CHARS_PER_TOKEN, and max_tokens (or DEFAULT_OUTPUT_TOKENS) x n."""
     body = json.loads(line)["body"]
     text = json.dumps(body.get("messages", body.get("prompt", "")))
-    out = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_OUTPUT_TOKENS
+    out = body.get("max_completion_tokens") or body.get("max_tokens")
+    out = out if isinstance(out, int) and out > 0 else DEFAULT_OUTPUT_TOKENS
     n = body.get("n") if isinstance(body.get("n"), int) and body.get("n") > 0 else 1
-    return len(text) // CHARS_PER_TOKEN + 1, (out if isinstance(out, int) and out > 0 else DEFAULT_OUTPUT_TOKENS) * n
+    return len(text) // CHARS_PER_TOKEN + 1, out * n
 
 
 _CLAIM = """
