@@ -107,7 +107,6 @@ def cmd_status(args) -> int:
 
 def cmd_model(args) -> int:
     from cluster import tiny_model, train_copy
-    from common.constants import RANDOM_MODEL_DIR
 
     cfg, _ = _load(args)
     if cfg.model.path is None:
@@ -115,10 +114,8 @@ def cmd_model(args) -> int:
     elif not (cfg.model.resolved_path() / "config.json").exists():
         print(f"model.path {cfg.model.path}: no config.json there", file=sys.stderr)
         return 1
-    # The same shape with random weights, for the tests that need answers that never end early.
-    tiny_model.generate(RANDOM_MODEL_DIR, force=args.force)
     if cfg.models:
-        tiny_model.generate_catalogue(cfg.models)
+        tiny_model.generate_catalogue(cfg.models, force=args.force)
     return 0
 
 
@@ -195,9 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     se = sub.add_parser("secrets", help="make the Ray token and Redis password a `ray up` cluster needs")
     se.add_argument("--dir", default=str(Path("~/.baton/secrets")))
     se.set_defaults(fn=cmd_secrets)
-    md = sub.add_parser("model", help="check (or train) the default model, generate the random test model "
-                        "and the config's catalogue models")
-    md.add_argument("--force", action="store_true", help="regenerate the random and catalogue models")
+    md = sub.add_parser("model", help="check (or train) the default model, generate the config's catalogue models")
+    md.add_argument("--force", action="store_true", help="regenerate the catalogue models")
     md.set_defaults(fn=cmd_model)
     bench = sub.add_parser("bench", add_help=False, help="benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("what", choices=list(BENCHES))

@@ -139,13 +139,13 @@ def _same(marker: Path, size: str, seed: int) -> bool:
     return done.get("size", "tiny") == size and done.get("seed", SEED) == seed
 
 
-def generate_catalogue(entries) -> list[Path]:
+def generate_catalogue(entries, force: bool = False) -> list[Path]:
     """Generates every catalogue entry (common/config_models.py) that names no checkpoint of its own;
-    entries already generated with the same size and seed are kept. Prints one line per model."""
+    entries already generated with the same size and seed are kept unless `force`. Prints one line per model."""
     out = []
     for i, entry in enumerate(e for e in entries if e.path is None):
         print(f"catalogue model {i + 1}: {entry.id} ({entry.generate.size}, seed {entry.generate.seed})", flush=True)
-        out.append(generate(entry.resolved_path(), size=entry.generate.size, seed=entry.generate.seed))
+        out.append(generate(entry.resolved_path(), force, entry.generate.size, entry.generate.seed))
     return out
 
 

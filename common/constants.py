@@ -15,7 +15,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # marker that records its inputs; `baton model` retrains it only if they changed.
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "baton-tiny-copy"
 DRAFT_MODEL_DIR = REPO_ROOT / "models" / "baton-tiny-copy-draft"  # its draft, for `speculation.method: draft`
-RANDOM_MODEL_DIR = REPO_ROOT / "models" / "tiny-llama"  # the same shape, random weights (cluster/tiny_model.py)
 # Text the tiny model's tokenizer is trained on; benchmarks draw prompt words from it.
 CORPUS = Path(__file__).resolve().parent / "assets" / "corpus.txt"
 # The Mooncake FAST'25 conversation trace (Apache-2.0, see bench/traces/NOTICE).

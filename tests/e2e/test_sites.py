@@ -43,7 +43,7 @@ def sites(tmp_path_factory):
     for name, other in (("a", "b"), ("b", "a")):
         workdir = tmp_path_factory.mktemp(f"site-{name}")
         (workdir / "site_token").write_text(TOKEN)
-        # Lookups from one token: the random model's answers rarely repeat two.
+        # Lookups from one token, so that short answers are drafted too.
         spec = {"speculation": {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}}
         decode = {"replicas": 1, **(spec if name == "b" else {})}
         stacks[name] = StackProcess(write_config(
