@@ -35,10 +35,9 @@ from pathlib import Path
 import httpx
 
 from bench.stack import StackProcess, bench_workdir, write_config
-from common.constants import REPO_ROOT
+from common.constants import DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR, EAGLE_MODEL_DIR, REPO_ROOT
 
-MODEL, DRAFT = REPO_ROOT / "models" / "baton-tiny-copy", REPO_ROOT / "models" / "baton-tiny-copy-draft"
-EAGLE = REPO_ROOT / "models" / "baton-tiny-copy-eagle"
+MODEL, DRAFT, EAGLE = DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR, EAGLE_MODEL_DIR
 METHODS = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": 4},
            "draft": {"method": "draft", "num_speculative_tokens": 4, "draft_model": str(DRAFT)},
            "eagle": {"method": "eagle", "num_speculative_tokens": 4, "draft_model": str(EAGLE)}}

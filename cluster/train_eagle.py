@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 from cluster import train_copy
-from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
-
-EAGLE_DIR = REPO_ROOT / "models" / "baton-tiny-copy-eagle"
+from common.constants import DEFAULT_MODEL_DIR
+from common.constants import EAGLE_MODEL_DIR as EAGLE_DIR
 MARKER = "baton_train_eagle.json"
 # As the copying model's schedule (cluster/train_copy.py): repeats first, where the head's own
 # induction (find the last occurrence of the next token, read what followed it) forms, then the mix.
@@ -40,6 +39,7 @@ HP = {"lr": 3e-3, "warmup": 30, "feature_weight": 0.1, "random_share": 0.4, "pha
 
 def _head(config):
     """The trainable head: fc and one decoder layer (transformers' Llama layer, input norm removed)."""
+    import torch
     import torch.nn as nn
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
@@ -53,15 +53,15 @@ def _head(config):
             self.rotary = LlamaRotaryEmbedding(config)
 
         def forward(self, embeds, features, positions):
-            x = self.fc(__import__("torch").cat((embeds, features), dim=-1))
+            x = self.fc(torch.cat((embeds, features), dim=-1))
             out = self.layer(x, position_ids=positions, position_embeddings=self.rotary(x, positions))
             return out[0] if isinstance(out, tuple) else out
 
     return Head()
 
 
-def _inputs(seed: int) -> dict:
-    return {"seed": seed, "target_marker": train_copy.built(DEFAULT_MODEL_DIR, "main"), "hparams": HP}
+def _inputs(seed: int, hp: dict) -> dict:
+    return {"seed": seed, "target_marker": train_copy.built(DEFAULT_MODEL_DIR, "main"), "hparams": hp}
 
 
 def built(out: Path = EAGLE_DIR, seed: int = train_copy.SEED) -> dict | None:
@@ -71,7 +71,7 @@ def built(out: Path = EAGLE_DIR, seed: int = train_copy.SEED) -> dict | None:
     if not marker.exists():
         return None
     done = json.loads(marker.read_text())
-    want = json.loads(json.dumps(_inputs(seed)))
+    want = json.loads(json.dumps(_inputs(seed, HP)))
     return done if {k: done.get(k) for k in want} == want else None
 
 
@@ -122,7 +122,8 @@ def build(out: Path = EAGLE_DIR, seed: int = train_copy.SEED, steps: int | None 
     finally:
         torch.set_num_threads(threads)
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-    done = dict(_inputs(seed), steps=n_steps, final_loss=round(sum(losses[-20:]) / len(losses[-20:]), 4),
+    # The hyper-parameters used: a shortened --steps run is never taken for the full training.
+    done = dict(_inputs(seed, hp), steps=n_steps, final_loss=round(sum(losses[-20:]) / len(losses[-20:]), 4),
                 train_cpu_s=round(cpu, 1), train_wall_s=round(wall, 1), torch=torch.__version__)
     _save(out, head, config, done)
     return dict(done, cached=False)
