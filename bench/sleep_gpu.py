@@ -29,7 +29,6 @@ from pathlib import Path
 BODY = {"prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
 ENGINE_ARGS = {"gpu_memory_utilization": 0.2, "attention_backend": "TRITON_ATTN",
                "compilation_config": {"custom_ops": ["none"]}}
-SERVE_PORT = 18471
 SERVE_TIMEOUT_S = 300
 
 
@@ -117,38 +116,28 @@ async def host_run(cfg, out: dict, save) -> None:
     out["gpu_used_after_shutdown_mib"] = gpu_used_mib()
 
 
-def serve_run(a: Path, out: dict, gpu: bool, dtype: str) -> None:
-    """`vllm serve` of model A, fresh: seconds from its start to its first answer, and that answer."""
+def serve_run(cfg, out: dict, gpu: bool) -> None:
+    """`vllm serve` of model A on the host's engine settings (bench/peers.py), fresh: seconds from its
+    start to its first answer, and that answer."""
     import httpx
 
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(a), "--host", "127.0.0.1",
-           "--port", str(SERVE_PORT), "--served-model-name", "gpu-a", "--dtype", dtype,
-           "--max-model-len", "2048", "--block-size", "32", "--enforce-eager", "--enable-prefix-caching",
-           "--kv-cache-memory-bytes", str(2 * 2**30)]
-    if gpu:
-        cmd += ["--gpu-memory-utilization", str(ENGINE_ARGS["gpu_memory_utilization"]), "--attention-backend",
-                ENGINE_ARGS["attention_backend"], "--compilation-config", json.dumps(ENGINE_ARGS["compilation_config"])]
+    from bench.models import started_fast
+    from bench.peers import VllmServe
+    from common.config_models import catalogue_models, for_model
+
+    server = VllmServe(for_model(cfg, catalogue_models(cfg)[0]), Path(out["serve_log"]), timeout_s=SERVE_TIMEOUT_S)
+    if gpu:  # what ENGINE_ARGS gives the host's engines
+        server.argv += ["--gpu-memory-utilization", str(ENGINE_ARGS["gpu_memory_utilization"]),
+                        "--attention-backend", ENGINE_ARGS["attention_backend"],
+                        "--compilation-config", json.dumps(ENGINE_ARGS["compilation_config"])]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=open(out["serve_log"], "w"), stderr=subprocess.STDOUT)
     try:
-        while time.monotonic() - t0 < SERVE_TIMEOUT_S and proc.poll() is None:
-            try:
-                r = httpx.post(f"http://127.0.0.1:{SERVE_PORT}/v1/completions", json={**BODY, "model": "gpu-a"},
-                               timeout=60)
-                if r.status_code == 200:
-                    out["vllm_serve"] = {"to_first_answer_s": time.monotonic() - t0,
-                                         "text": r.json()["choices"][0]["text"]}
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        out["vllm_serve"] = {"error": f"no answer (exit {proc.poll()})"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        with started_fast(server):
+            r = httpx.post(f"{server.url}/v1/completions", json={**BODY, "model": "gpu-a"}, timeout=SERVE_TIMEOUT_S)
+            r.raise_for_status()
+            out["vllm_serve"] = {"to_first_answer_s": time.monotonic() - t0, "text": r.json()["choices"][0]["text"]}
+    except (RuntimeError, httpx.HTTPError) as exc:
+        out["vllm_serve"] = {"error": repr(exc)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,15 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     size, dtype = ("tiny", "float32") if args.cpu else ("gpu", "bfloat16")
     a, b = models(args.models, size)
     out["weights_bytes"] = sum(f.stat().st_size for f in a.glob("*.safetensors"))
+    cfg = host_config(args.models, a, b, args.level, {} if args.cpu else ENGINE_ARGS, dtype)
     try:
-        asyncio.run(host_run(host_config(args.models, a, b, args.level, {} if args.cpu else ENGINE_ARGS, dtype), out, save))
+        asyncio.run(host_run(cfg, out, save))
     except Exception as exc:  # noqa: BLE001 - the baseline still runs, and the error is recorded
         import traceback
 
         out["host_error"] = traceback.format_exc()
         log(f"host run failed: {exc!r}")
     save()
-    serve_run(a, out, not args.cpu, dtype)
+    serve_run(cfg, out, not args.cpu)
     texts = {s["text"] for s in out["steps"] if s["step"].endswith("gpu-a") and s["status"] == 200}
     out["gpu_a_answers_equal"] = len(texts) == 1 and out.get("vllm_serve", {}).get("text") in texts
     save()
