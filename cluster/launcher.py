@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from cluster import loopback, train_copy
-from common import engine_threads
+from common import core_fence, engine_threads
 from common.config import BatonConfig
 from common.listeners import is_loopback
 from common.processes import ManagedProcess, redis_process
@@ -107,7 +107,9 @@ class LocalStack:
         # No Serve HTTP proxy: decode replicas serve the public port themselves.
         serve.start(proxy_location="Disabled")
         warmup = WarmupServer(self.cfg.serve.host, self.cfg.serve.port).start()
-        app = build_app(self.cfg, worker_cfg, self._loopback_env, self._threads())
+        # Replicas that Ray starts after the fence (below) take back this process's CPUs first.
+        env = {**self._loopback_env, **({} if self.cfg.ray.address else core_fence.cpus_env())}
+        app = build_app(self.cfg, worker_cfg, env, self._threads())
         scaled = autoscaling_overrides(self.cfg, self.config_path)  # pools with an `autoscaling` section
         try:
             rollout(rewrite(app, scaled) if scaled else app, self.progress, ENGINE_WARMUP_TIMEOUT_S)
@@ -157,6 +159,10 @@ class LocalStack:
                 self._serve(worker_cfg)
             with p.step("ready check"):
                 self._write_state()
+            # Ray's daemons and workers, Redis and Mooncake off the cores vLLM bound a worker to
+            # (not a catalogue's: its replicas start engines later, which must see every core).
+            if not self.cfg.models:
+                core_fence.fence(core_fence.tree(os.getpid()))
         except BaseException:
             self.down()
             raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import socket
 import threading
@@ -28,10 +29,12 @@ import time
 from actors.finisher import Finisher
 from actors.heartbeat import Heartbeat
 from actors.openai_app import EngineApp
-from common import tracing
+from common import core_fence, tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
 from deployments.autoscaling import SignalMeter
+
+logger = logging.getLogger(__name__)
 
 
 def replica_id() -> str:
@@ -107,6 +110,7 @@ class EngineReplica:
         from deployments.internal import internal_app
         import aiohttp
 
+        core_fence.unfence()  # Ray may have started this process on the stack's fenced CPUs
         if self.cfg.models:  # a catalogue: one engine per resident model (deployments/model_host.py)
             from deployments.model_host import ModelHost
 
@@ -114,6 +118,11 @@ class EngineReplica:
         else:
             self.engine = EngineApp(self.cfg, self.role, self.replica, _internal_host(self.cfg.serve.internal_host))
         await self.engine.start()
+        # The front, Ray's threads and the EngineCore off the cores vLLM bound its worker to (not
+        # a catalogue's: it starts engines later, whose workers must see every core).
+        cores = core_fence.fence(core_fence.tree(os.getpid())) if not self.cfg.models else set()
+        if cores:
+            logger.info("replica %s: front and engine loop moved to cores %s", self.replica, sorted(cores))
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
         s = self.cfg.serve
         inner = listen_socket(_internal_host(s.internal_host), 0, reuse_port=False)
