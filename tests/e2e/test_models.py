@@ -272,6 +272,24 @@ def test_a_session_stays_on_its_replica_within_a_model(pair_stack):
     assert "pinned" in routes, routes  # some turns reached the other front and were sent back
 
 
+def test_a_sessionless_conversation_stays_on_its_replica_within_a_model(pair_stack):
+    # No header: the conversation's opening is its key, so later turns (a longer conversation, on
+    # new connections that reach either front) go back to the first turn's replica.
+    messages = [{"role": "user", "content": "Remember the word heron."}]
+    replicas, routes = set(), []
+    for turn in range(12):  # a new connection each: 2^-11 that all reach the same front
+        body = {"model": FIRST, "messages": messages, "max_tokens": prompts.MAX_TOKENS, "temperature": 0}
+        with _client(pair_stack, KEY_A) as c:
+            r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        replicas.add(r.json()["baton"]["decode_replica"])
+        routes.append(r.json()["baton"]["route"])
+        messages = messages + [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                               {"role": "user", "content": f"And turn {turn}?"}]
+    assert len(replicas) == 1, routes
+    assert "conversation" in routes, routes  # some turns reached the other front and were sent back
+
+
 def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pair_stack):
     _make_resident(pair_stack, SMALL)  # on whichever replica the kernel gave the connection
     time.sleep(3)  # the replicas' heartbeats now say where it is
@@ -281,5 +299,7 @@ def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pai
         r = _chat(pair_stack, SMALL)
         assert r.status_code == 200, r.text
         routes.append(r.json()["baton"]["route"])
-    assert "model" in routes and "colocated" in routes, routes  # forwarded by one front, run locally by the other
+    # Forwarded by one front ("model"; "conversation" once the first turn pinned these same messages
+    # as a sessionless conversation), run locally by the other.
+    assert {"model", "conversation"} & set(routes) and "colocated" in routes, routes
     assert {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")} == wakes
