@@ -19,9 +19,9 @@ stack (Ray's daemons and workers, Redis, Mooncake) once it is ready. Ray
 starts later replicas from its fenced raylet, so each replica first takes
 back the launcher's CPUs (`unfence`, from `CPUS_ENV`): vLLM binds its worker
 to the first of the CPUs its process may use. Nothing happens where the
-workers are not bound to a strict subset of the cores (GPU engines, the launcher's thread split
-for several CPU engines, which leaves them unbound: common/engine_threads.py)
-or where no core would be left.
+workers are not bound to a strict subset of the cores (GPU engines, the
+launcher's thread split for several CPU engines, which leaves them unbound:
+common/engine_threads.py) or where no core would be left.
 """
 
 from __future__ import annotations
