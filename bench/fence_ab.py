@@ -20,8 +20,6 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
-
 from bench import vllm_load
 from bench.stack import StackProcess, bench_workdir, write_config
 from common import core_fence
@@ -32,16 +30,8 @@ def _set_cpus(root: int, fenced: bool) -> None:
     pids = core_fence.tree(root)
     if fenced:
         core_fence.fence(pids)
-        return
-    everything = os.sched_getaffinity(0)
-    for pid in pids:
-        try:
-            if psutil.Process(pid).name().startswith(core_fence.WORKER_NAME):
-                continue
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                os.sched_setaffinity(int(tid), everything)
-        except (psutil.Error, OSError):
-            continue
+    else:
+        core_fence.move(pids, os.sched_getaffinity(0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,15 +63,25 @@ def fence(pids: list[int]) -> set[int]:
     rest = free_cores(allowed, bound_cores(psutil.process_iter(["name"]), allowed))
     if not rest:
         return set()
+    move(pids, rest)
+    return rest
+
+
+def move(pids: list[int], cpus: set[int]) -> None:
+    """Sets every thread of the processes `pids`, except engine workers, to `cpus`. Changes
+    their CPU affinity; a process or thread that is gone, or not ours to move, is left alone."""
     for pid in pids:
         try:
             if psutil.Process(pid).name().startswith(WORKER_NAME):
                 continue
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                os.sched_setaffinity(int(tid), rest)
-        except (psutil.Error, OSError):  # gone, or not ours to move: left where it is
+            tids = os.listdir(f"/proc/{pid}/task")
+        except (psutil.Error, OSError):
             continue
-    return rest
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                continue
 
 
 def tree(pid: int) -> list[int]:
@@ -91,9 +101,4 @@ def unfence() -> None:
     raw = os.environ.get(CPUS_ENV)
     if not raw:
         return
-    cpus = {int(c) for c in raw.split(",")}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # a thread that just ended
-            continue
+    move([os.getpid()], {int(c) for c in raw.split(",")})
