@@ -67,6 +67,8 @@ def host_config(workdir: Path, a: Path, b: Path, level: int, engine_args: dict, 
         "model": {"path": str(a), "served_name": "gpu-a", "dtype": dtype},
         "decode": {"replicas": 1, "kv_cache_gb": 2.0, "engine_args": engine_args},
         "models": [{"id": "gpu-b", "path": str(b), "kv_cache_gb": 2.0}],
+        # Every step waits for its model: the bench times wakes and starts, not the deadline's refusals.
+        "admission": {"default_deadline_s": SERVE_TIMEOUT_S},
         # Room for one: each counts its float32 checkpoint plus 2 GiB of KV cache.
         "catalogue": {"memory_gb": round(1.5 * (weights_gb + 2.0), 2), "min_resident_s": 0,
                       "standby": False, "sleep_level": level},
