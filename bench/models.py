@@ -11,7 +11,8 @@ Two parts (`--parts`); every system runs alone on the machine, each on a fresh s
   five, then eight generated ones) in catalogue.memory_gb that holds their `--room` largest
   budgets (each ~0.26 GiB), so budgets add up to about L x memory_gb. A seeded Zipf mix of
   requests, closed loop, deadline header long enough to wait for swaps (429s counted, not
-  retried), against the same models and requests with every model resident (no memory_gb).
+  retried), against a pool of the same memory serving only the hottest model, sent the two
+  hottest models' requests of the same mix (all addressed to it): the hot traffic alone.
   Each run starts after the `--room` hottest models (baseline: all) answered once and
   `--warmup` requests of the same mix (unmeasured) gave residency the mix's demand. Reported: TTFT p50/p95 of the two hottest
   models and ratios to the baseline, errors, 429s, wakes and evictions (/metrics deltas),
@@ -269,13 +270,13 @@ def run_wake(args, workdir: Path) -> dict:
 
 def measure_arm(args, workdir: Path, ids: list[str], memory_gb: float | None, mix: list, label: str,
                 warm: list) -> tuple:
-    """Starts a stack for `ids`, has its first `room` models (all when memory_gb is None) answer once,
+    """Starts a stack for `ids`, has its first `room` models answer once,
     sends `warm` unmeasured (so residency has seen the mix's demand), then `mix`, and stops it; (stats, rows)."""
     log(f"{label}: starting baton ...")
     stack = StackProcess(stack_config(workdir, ids, memory_gb, args.min_resident_s))
     stack.start()
     try:
-        for m in ids if memory_gb is None else ids[:args.room]:
+        for m in ids[:args.room]:
             answer_once(stack.url, m)
         if warm:
             log(f"  {label}: {len(warm)} warm-up requests (not measured) ...")
@@ -299,14 +300,21 @@ def run_level(args, level: int, workdir: Path) -> dict:
            for m in zipf_mix(ids, args.requests, args.zipf_s, args.seed + level)]
     warm = [(m, chat_body(rng, args.prompt_words, args.max_tokens, vocab))
             for m in zipf_mix(ids, args.warmup, args.zipf_s, args.seed + level + 1000)]
-    arms = {"overcommitted": memory_gb, "baseline": None}
+    # The baseline is a pool serving only the hottest model in the same memory, sent the hot models'
+    # requests of the same mix (the second hottest's addressed to the hottest): the hot traffic alone.
+    def hot_only(reqs: list) -> list:
+        return [(ids[0], body) for m, body in reqs if m in ids[:2]]
+
+    arms = {"overcommitted": (ids, mix, warm), "baseline": ([ids[0]], hot_only(mix), hot_only(warm))}
     reps: list[dict] = []
     pooled: dict[str, list] = {a: [] for a in arms}
     for rep in range(args.repeats):
         reps.append({})
         for arm in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
-            reps[-1][arm], rows = measure_arm(args, workdir / f"{arm}-{rep + 1}", ids, arms[arm], mix,
-                                              f"overcommit {level}x/{arm} (repeat {rep + 1}/{args.repeats})", warm)
+            served, reqs, warm_reqs = arms[arm]
+            reps[-1][arm], rows = measure_arm(args, workdir / f"{arm}-{rep + 1}", served, memory_gb, reqs,
+                                              f"overcommit {level}x/{arm} (repeat {rep + 1}/{args.repeats})",
+                                              warm_reqs)
             pooled[arm] += rows
     out = {"models": ids, "hot": ids[:2], "memory_gb": memory_gb, "budgets_gb": round(total_gb, 3),
            "overcommit_actual": round(total_gb / memory_gb, 2), "repeats": reps}
@@ -322,7 +330,8 @@ def run_level(args, level: int, workdir: Path) -> dict:
 def run_overcommit(args, levels: list[int], workdir: Path) -> dict:
     return {"mapping": f"room for {args.room} models: level L serves the first L x {args.room} of {MODELS} (the "
                        f"first two the hottest; {args.warmup} unmeasured warm-up requests first) with catalogue.memory_gb the sum of their {args.room} largest "
-                       "budgets; baseline: the same models and requests, catalogue.memory_gb unset (all resident)",
+                       "budgets; baseline: a pool of the same memory serving only the hottest model, sent the two "
+                       "hottest models' requests of the same mix (all addressed to the hottest)",
             "levels": {str(level): run_level(args, level, workdir / f"{level}x") for level in levels}}
 
 
@@ -344,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="runs per level, alternating which stack goes first")
     p.add_argument("--requests", type=int, default=200, help="requests per run")
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--zipf-s", type=float, default=1.2, help="Zipf exponent of the model mix")
+    p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the model mix")
     p.add_argument("--prompt-words", type=int, default=60)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--min-resident-s", type=float, default=5.0, help="catalogue.min_resident_s of overcommit runs")

@@ -193,15 +193,20 @@ def test_run_level_alternates_the_arms_and_divides_hot_ttft_by_the_baseline(tmp_
 
     def fake_arm(args, workdir, ids, memory_gb, mix, label, warm):
         models.stack_config(workdir, ids, memory_gb, args.min_resident_s)
-        calls.append(("overcommitted" if memory_gb else "baseline", len(mix), {m for m, _ in mix} <= set(ids)))
-        ttft = 0.2 if memory_gb else 0.1
+        arm = "overcommitted" if len(ids) > 1 else "baseline"
+        calls.append((arm, memory_gb, len(mix), {m for m, _ in mix} <= set(ids)))
+        ttft = 0.2 if arm == "overcommitted" else 0.1
         rows = [_row(m, ttft) for m, _ in mix]
         return arm_stats(rows, ids[:2], {}), rows
 
     monkeypatch.setattr(models, "measure_arm", fake_arm)
     out = models.run_level(_args(), 2, tmp_path)
-    assert calls == [("overcommitted", 20, True), ("baseline", 20, True), ("baseline", 20, True),
-                     ("overcommitted", 20, True)]
+    mix = models.zipf_mix(MODELS[:4], 20, _args().zipf_s, _args().seed + 2)
+    hot = sum(1 for m in mix if m in MODELS[:2])
+    # The baseline serves the hottest model alone, in the same memory, and gets the hot models' requests.
+    assert [c[0] for c in calls] == ["overcommitted", "baseline", "baseline", "overcommitted"]
+    assert {c[1] for c in calls} == {out["memory_gb"]} and all(c[3] for c in calls)
+    assert [c[2] for c in calls] == [20, hot, hot, 20] and 0 < hot < 20
     assert out["models"] == MODELS[:4] and out["hot"] == MODELS[:2] and 0.5 <= out["memory_gb"] < 0.56
     assert out["ratio_p50"] == 2.0 and out["ratio_p95"] == 2.0 and len(out["repeats"]) == 2
     assert out["overcommitted"]["requests"] == 40 and 1.9 < out["overcommit_actual"] <= 2.0
