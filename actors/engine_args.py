@@ -14,6 +14,7 @@ import itertools
 import os
 from typing import Any, Literal
 
+from actors import step_budget
 from common.config import BatonConfig, ConfigError, parse_size
 from common.config_models import check_budgets
 from common.listeners import is_loopback
@@ -25,8 +26,9 @@ _OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", 
           "speculative_config"}
 
 
-def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
-    """The AsyncEngineArgs keyword arguments for `role` (no vLLM import)."""
+def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None) -> dict[str, Any]:
+    """The AsyncEngineArgs keyword arguments for `role` (no vLLM import). `step_tokens`: a scheduler
+    step's prompt-token budget (actors/step_budget.py, CPU only), unless the pool's engine_args set one."""
     pool = cfg.prefill if role == "prefill" else cfg.decode
     kwargs: dict[str, Any] = {
         "model": str(cfg.model.resolved_path()),
@@ -45,6 +47,8 @@ def engine_kwargs(cfg: BatonConfig, role: Role) -> dict[str, Any]:
     if pool.speculation is not None and role != "prefill":  # prefill computes one token: nothing to speculate
         kwargs["speculative_config"] = pool.speculation.vllm()
         kwargs["disable_log_stats"] = False  # the acceptance counts come with the engine's stats
+    if step_tokens:
+        kwargs["max_num_batched_tokens"] = step_tokens
     kwargs.update(pool.engine_args)
     kv_role = _KV_ROLE.get(role)
     if role == "colocated" and cfg.mooncake.colocated_pool and cfg.routes():
@@ -135,8 +139,12 @@ def build(cfg: BatonConfig, role: Role, topic: str | None = None, replay_endpoin
     """
     from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
 
-    kwargs = engine_kwargs(cfg, role)
+    step, pool = None, cfg.prefill if role == "prefill" else cfg.decode
+    if current_platform.is_cpu() and "max_num_batched_tokens" not in pool.engine_args:
+        step = step_budget.cpu_step_tokens(cfg.model.resolved_path(), pool.engine_args.get("max_num_seqs", 0))
+    kwargs = engine_kwargs(cfg, role, step)
     if "kv_transfer_config" in kwargs:
         kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
     if topic:

@@ -178,7 +178,8 @@ def _fetch_routing_counts(url: str) -> dict:
 
 
 def _config(workdir: Path, model: Path, args, layout: str, pool: str, policy: str, rep: int = 0) -> Path:
-    pools = {"replicas": 2, "kv_cache_gb": args.kv_gb, "env": dict(kv.split("=", 1) for kv in args.engine_env)}
+    pools = {"replicas": 2, "kv_cache_gb": args.kv_gb, "env": dict(kv.split("=", 1) for kv in args.engine_env),
+             "engine_args": {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.engine_arg)}}
     mooncake = dict(POOLS[pool], shm_reads=not args.no_shm)
     if layout == "colocated":
         mooncake["colocated_pool"] = pool == "on"
@@ -267,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mooncake.shm_reads off: engines move KV over the transfer engine's TCP only")
     parser.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment of every engine process (repeatable)")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
+                        help="a vLLM engine argument of every engine, its value as JSON (repeatable)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the policies this many times in turn and pool the requests")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")

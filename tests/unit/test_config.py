@@ -87,3 +87,13 @@ def test_master_gets_the_client_ttl_and_rpc_threads(tmp_path):
     cfg = BatonConfig.model_validate({"mooncake": {"client_ttl_s": 45, "master_rpc_threads": 4}}).mooncake
     argv = mooncake.master_process(cfg, tmp_path).argv
     assert "--client_ttl=45" in argv and "--rpc_thread_num=4" in argv
+
+
+def test_a_step_budget_applies_unless_the_pool_sets_one(tmp_path):
+    from actors.engine_args import engine_kwargs
+
+    cfg = load_config(None, environ={})
+    assert engine_kwargs(cfg, "colocated", 256)["max_num_batched_tokens"] == 256
+    assert "max_num_batched_tokens" not in engine_kwargs(cfg, "colocated")  # vLLM's default
+    own = load_config(write(tmp_path, "decode: {engine_args: {max_num_batched_tokens: 1024}}\n"), environ={})
+    assert engine_kwargs(own, "decode", 256)["max_num_batched_tokens"] == 1024
