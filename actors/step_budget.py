@@ -7,7 +7,8 @@ milliseconds of prefill for a small model and seconds for a larger one,
 and there a session's cached turn (a few hundred new tokens) waits behind
 whole recomputes of other prompts: `baton bench affinity` (8-layer model,
 2.5 ms a prompt token on the 2-core VM) had turn-2+ TTFT p50 at 0.64x
-round robin with 2048 and 0.28x with 256 (docs/benchmarks.md).
+round robin with 2048 and 0.50x with 256, five repeats each, the worst
+repeat 0.97x and 0.70x (docs/benchmarks.md).
 
 So on CPU the budget is the tokens whose prefill takes about STEP_TARGET_S
 on this machine, between FLOOR_TOKENS and vLLM's CPU default: the model's

@@ -13,7 +13,7 @@ Two parts (`--parts`); every system runs alone on the machine, each on a fresh s
   requests, closed loop, deadline header long enough to wait for swaps (429s counted, not
   retried), against a pool of the same memory serving only the hottest model, sent the two
   hottest models' requests of the same mix (all addressed to it): the hot traffic alone.
-  Each run starts after the `--room` hottest models (baseline: all) answered once and
+  Each run starts after the `--room` hottest models (baseline: its one) answered once and
   `--warmup` requests of the same mix (unmeasured) gave residency the mix's demand. Reported: TTFT p50/p95 of the two hottest
   models and ratios to the baseline, errors, 429s, wakes and evictions (/metrics deltas),
   the usage counters' totals next to the usage the clients received.
