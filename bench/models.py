@@ -114,7 +114,9 @@ def scrape(url: str) -> dict:
 
 
 def resident(url: str) -> list[str]:
-    return [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if m["baton"]["resident"]]
+    # A one-model stack (the baseline) has no catalogue: its model is always resident.
+    models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+    return [m["id"] for m in models if m.get("baton", {}).get("resident", True)]
 
 
 def answer_once(url: str, model: str, deadline_s: float = 120) -> None:
