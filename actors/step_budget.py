@@ -23,6 +23,7 @@ overrides all of this.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -58,8 +59,10 @@ def step_tokens(flops: float, flops_per_s: float, min_tokens: int = 0, target_s:
     return max(min_tokens, FLOOR_TOKENS, min(VLLM_CPU_DEFAULT, tokens))
 
 
+@functools.cache
 def measured_flops_per_s(m: int = 256, k: int = 1024, n: int = 1024, reps: int = 3) -> float:
-    """Float32 matrix-multiply FLOP/s of this process's torch threads: the best of `reps` after one warm-up."""
+    """Float32 matrix-multiply FLOP/s of this process's torch threads: the best of `reps` after one
+    warm-up, measured once per process (a catalogue replica builds an engine at every wake)."""
     import torch
 
     a, b = torch.randn(m, k), torch.randn(k, n)

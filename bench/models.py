@@ -270,7 +270,7 @@ def run_wake(args, workdir: Path) -> dict:
 # -- overcommit -------------------------------------------------------------------------
 
 
-def measure_arm(args, workdir: Path, ids: list[str], memory_gb: float | None, mix: list, label: str,
+def measure_arm(args, workdir: Path, ids: list[str], memory_gb: float, mix: list, label: str,
                 warm: list) -> tuple:
     """Starts a stack for `ids`, has its first `room` models answer once,
     sends `warm` unmeasured (so residency has seen the mix's demand), then `mix`, and stops it; (stats, rows)."""
