@@ -60,11 +60,18 @@
 #      carry no cache, so placing them costs nothing.
 #      A new session whose caller passes a ``placement`` ticket goes instead
 #      to the candidate with the fewest live sessions pinned
-#      (ReplicaLoad.sessions), ties taken in turn by ticket. Load in flight
-#      is the wrong signal here: a session's context stays in its replica's
-#      cache for every later turn, while in a closed loop its next turn
-#      arrives just as its last one freed a slot, so in-flight counts look
-#      even while one replica collects more contexts than its cache holds.
+#      (ReplicaLoad.sessions); among those, the least loaded in flight; ties
+#      taken in turn by ticket. Load in flight is the wrong first signal: a
+#      session's context stays in its replica's cache for every later turn,
+#      while in a closed loop its next turn arrives just as its last one
+#      freed a slot, so in-flight counts look even while one replica collects
+#      more contexts than its cache holds. Among equal session counts it is
+#      the right one: the sessions a client has in flight together keep
+#      arriving together (a closed loop sends its turns round in a fixed
+#      order), so a session placed beside two busy ones queues behind them
+#      every turn while the other replica idles (bench affinity colocated:
+#      3 of 4 requests in flight on one replica for a whole run, its cached
+#      turns twice as slow as in a run that placed them evenly).
 #      The ticket comes from a counter every front shares, so fronts that
 #      place a burst of sessions at once (all reading the same counts)
 #      still take turns instead of piling onto one replica.
@@ -256,10 +263,10 @@ class BatonPolicy:
                      placement: int | None = None) -> str:
         if len(ok) == 1:
             return ok[0]
-        if placement is not None:  # a new session: fewest sessions, ties in turn (step 5)
-            order = sorted(ok)
-            i = min(range(len(order)), key=lambda i: (loads[order[i]].sessions, (i - placement) % len(order)))
-            return order[i]
+        if placement is not None:  # a new session: fewest sessions, then least in flight, ties in turn (step 5)
+            best = min((loads[n].sessions, load[n]) for n in ok)
+            tied = sorted(n for n in ok if (loads[n].sessions, load[n]) == best)
+            return tied[placement % len(tied)]
         draw = self.rng.sample(ok, 2)
         cold = [n for n in ok if loads[n].free_kv_blocks > self.config.cold_free_fraction * loads[n].capacity]
         if cold:

@@ -180,17 +180,21 @@ def test_a_queue_much_longer_than_a_peers_breaks_the_pin(wait_a, expected):
     assert (d.replica, d.reason) == expected
 
 
-def test_a_new_session_goes_where_fewest_sessions_are_pinned_ties_in_turn():
-    """With a placement ticket, a new session ignores load in flight and takes the replica with
-    the fewest live sessions; among equals the ticket takes turns, whatever the RNG draws."""
+def test_a_new_session_goes_where_fewest_sessions_are_pinned_then_least_loaded_ties_in_turn():
+    """With a placement ticket, a new session takes the replica with the fewest live sessions,
+    however busy; among equals the least loaded in flight; among those the ticket takes turns,
+    whatever the RNG draws."""
     policy, pins = BatonPolicy(rng=random.Random(0)), SessionPins()
 
-    def lds(a: int, b: int, c: int) -> dict[str, ReplicaLoad]:
-        return {n: ReplicaLoad(running=r, sessions=s) for n, r, s in (("a", 0, a), ("b", 2, b), ("c", 0, c))}
+    def lds(a: int, b: int, c: int, busy_b: int = 2) -> dict[str, ReplicaLoad]:
+        return {n: ReplicaLoad(running=r, sessions=s) for n, r, s in (("a", 0, a), ("b", busy_b, b), ("c", 0, c))}
 
     d = policy.route(RoutingRequest((1, 2), "new"), lds(3, 1, 2), PrefixIndex(), pins, now=0, placement=7)
     assert (d.replica, d.reason) == ("b", "load")  # fewest sessions, though the busiest (within the overload bound)
     picks = [policy.route(RoutingRequest((1, 2), f"s{t}"), lds(2, 2, 2), PrefixIndex(), pins, now=0,
+                          placement=t).replica for t in range(4)]
+    assert picks == ["a", "c", "a", "c"]  # equal sessions: never beside b's two requests in flight
+    picks = [policy.route(RoutingRequest((1, 2), f"e{t}"), lds(2, 2, 2, busy_b=0), PrefixIndex(), pins, now=0,
                           placement=t).replica for t in range(6)]
     assert picks == ["a", "b", "c", "a", "b", "c"]
     # Without a session or a ticket, the load draw as before: never the busy b.
