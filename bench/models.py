@@ -11,12 +11,15 @@ Two parts (`--parts`); every system runs alone on the machine, each on a fresh s
   five, then eight generated ones) in catalogue.memory_gb that holds their `--room` largest
   budgets (each ~0.26 GiB), so budgets add up to about L x memory_gb. A seeded Zipf mix of
   requests, closed loop, deadline header long enough to wait for swaps (429s counted, not
-  retried), against a pool of the same memory serving only the hottest model, sent the two
-  hottest models' requests of the same mix (all addressed to it): the hot traffic alone.
-  Each run starts after the `--room` hottest models (baseline: its one) answered once and
-  `--warmup` requests of the same mix (unmeasured) gave residency the mix's demand. Reported: TTFT p50/p95 of the two hottest
-  models and ratios to the baseline, errors, 429s, wakes and evictions (/metrics deltas),
-  the usage counters' totals next to the usage the clients received.
+  retried). The baseline is each of the two hottest models on a single-model pool of its
+  own (a one-model stack, alone on the machine), sent that model's requests of the same
+  run at the times the overcommitted run sent them (open loop): the same model, the same
+  arrivals, nothing shared. Each run starts after its stack's models (at most `--room`)
+  answered once and `--warmup` requests of the same mix (unmeasured; a baseline: its
+  model's share of them) gave residency the mix's demand. Reported: TTFT p50/p95 of the
+  two hottest models, pooled and per model, and ratios to the baseline, errors, 429s,
+  wakes and evictions (/metrics deltas), the usage counters' totals next to the usage the
+  clients received.
 """
 
 from __future__ import annotations
@@ -146,16 +149,20 @@ def timed_chat(url: str, model: str, body: dict, since: float | None = None) -> 
             "total_s": round(end - since, 4)}
 
 
-async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadline_s: float) -> list:
-    """Sends every (model, body) of `mix`, streamed, at most `concurrency` at a time; (model,
-    RequestResult) each, failures included (bench/load.py's stream reader)."""
+async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadline_s: float,
+                at: list[float] | None = None) -> list:
+    """Sends every (model, body) of `mix`, streamed, at most `concurrency` at a time (closed loop);
+    with `at`, each at its `at` seconds after the start instead, whatever is in flight (open loop).
+    (model, RequestResult) each, in `mix`'s order, failures included (bench/load.py's stream reader)."""
     from bench.load import _stream
     from bench.loadgen import RequestResult
 
-    sem, t0 = asyncio.Semaphore(concurrency), time.perf_counter()
+    sem, t0 = asyncio.Semaphore(concurrency if at is None else len(mix) or 1), time.perf_counter()
 
     async def one(client: httpx.AsyncClient, i: int, model: str, body: dict) -> tuple:
         result = RequestResult(index=i)
+        if at is not None:
+            await asyncio.sleep(max(0.0, t0 + at[i] - time.perf_counter()))
         async with sem:
             sent = time.perf_counter()
             result.sent_s = sent - t0
@@ -167,7 +174,8 @@ async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadlin
                 result.error = f"{type(exc).__name__}: {exc}"[:300].removeprefix("RuntimeError: ")
         return model, result
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    width = concurrency if at is None else max(1, len(mix))
+    limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     async with httpx.AsyncClient(timeout=httpx.Timeout(deadline_s + 300, connect=10), limits=limits) as client:
         return list(await asyncio.gather(*(one(client, i, m, b) for i, (m, b) in enumerate(mix))))
 
@@ -270,23 +278,37 @@ def run_wake(args, workdir: Path) -> dict:
 # -- overcommit -------------------------------------------------------------------------
 
 
-def measure_arm(args, workdir: Path, ids: list[str], memory_gb: float, mix: list, label: str,
-                warm: list) -> tuple:
-    """Starts a stack for `ids`, has its first `room` models answer once,
-    sends `warm` unmeasured (so residency has seen the mix's demand), then `mix`, and stops it; (stats, rows)."""
+def one_model_config(workdir: Path, model: str) -> Path:
+    """A colocated one-replica stack serving only `model`, no catalogue: a hot model's pool of its own."""
+    from common.config_models import CatalogueModel
+
+    if model == FIRST:
+        path, kv_gb = DEFAULT_MODEL_DIR, 0.25
+    else:
+        entry = next(e for e in generated([model]) if e["id"] == model)
+        path, kv_gb = CatalogueModel(**entry).resolved_path(), entry.get("kv_cache_gb", 0.25)
+    return write_config(workdir, colocated=True, decode={"replicas": 1, "kv_cache_gb": kv_gb},
+                        model={"path": str(path), "served_name": model}, tracing={"exporter": "none"})
+
+
+def measure_arm(args, config: Path, first: list[str], hot: list[str], mix: list, label: str, warm: list,
+                at: list[float] | None = None) -> tuple:
+    """Starts the stack of `config`, has the models of `first` answer once, sends `warm` unmeasured
+    (so residency has seen the mix's demand), then `mix` (at the times `at` when given, see `drive`),
+    and stops it; (stats, rows)."""
     log(f"{label}: starting baton ...")
-    stack = StackProcess(stack_config(workdir, ids, memory_gb, args.min_resident_s))
+    stack = StackProcess(config)
     stack.start()
     try:
-        for m in ids[:args.room]:
+        for m in first:
             answer_once(stack.url, m)
         if warm:
             log(f"  {label}: {len(warm)} warm-up requests (not measured) ...")
             asyncio.run(drive(stack.url, warm, args.concurrency, args.deadline_s))
         at_start, before, t0 = resident(stack.url), scrape(stack.url), time.perf_counter()
-        rows = asyncio.run(drive(stack.url, mix, args.concurrency, args.deadline_s))
+        rows = asyncio.run(drive(stack.url, mix, args.concurrency, args.deadline_s, at))
         wall = time.perf_counter() - t0
-        stats = arm_stats(rows, ids[:2], delta(scrape(stack.url), before))
+        stats = arm_stats(rows, hot, delta(scrape(stack.url), before))
     finally:
         stack.stop()
     stats.update(resident_at_start=at_start, wall_s=round(wall, 2))
@@ -296,44 +318,53 @@ def measure_arm(args, workdir: Path, ids: list[str], memory_gb: float, mix: list
 
 def run_level(args, level: int, workdir: Path) -> dict:
     ids = level_models(level, args.room)
+    hot = ids[:2]
     memory_gb, total_gb = room_gb(ids, args.room), sum(budgets(ids).values()) / 2**30
     rng, vocab = random.Random(args.seed + level), CORPUS.read_text().split()
     mix = [(m, chat_body(rng, args.prompt_words, args.max_tokens, vocab))
            for m in zipf_mix(ids, args.requests, args.zipf_s, args.seed + level)]
     warm = [(m, chat_body(rng, args.prompt_words, args.max_tokens, vocab))
             for m in zipf_mix(ids, args.warmup, args.zipf_s, args.seed + level + 1000)]
-    # The baseline is a pool serving only the hottest model in the same memory, sent the hot models'
-    # requests of the same mix (the second hottest's addressed to the hottest): the hot traffic alone.
-    def hot_only(reqs: list) -> list:
-        return [(ids[0], body) for m, body in reqs if m in ids[:2]]
-
-    arms = {"overcommitted": (ids, mix, warm), "baseline": ([ids[0]], hot_only(mix), hot_only(warm))}
     reps: list[dict] = []
-    pooled: dict[str, list] = {a: [] for a in arms}
+    pooled: dict[str, list] = {"overcommitted": [], "baseline": []}
     for rep in range(args.repeats):
-        reps.append({})
-        for arm in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
-            served, reqs, warm_reqs = arms[arm]
-            reps[-1][arm], rows = measure_arm(args, workdir / f"{arm}-{rep + 1}", served, memory_gb, reqs,
-                                              f"overcommit {level}x/{arm} (repeat {rep + 1}/{args.repeats})",
-                                              warm_reqs)
-            pooled[arm] += rows
-    out = {"models": ids, "hot": ids[:2], "memory_gb": memory_gb, "budgets_gb": round(total_gb, 3),
+        tag = f"(repeat {rep + 1}/{args.repeats})"
+        over, rows = measure_arm(args, stack_config(workdir / f"overcommitted-{rep + 1}", ids, memory_gb,
+                                                    args.min_resident_s), ids[:args.room], hot, mix,
+                                 f"overcommit {level}x/overcommitted {tag}", warm)
+        rep_out = {"overcommitted": over, "baseline_by_model": {}}
+        base_rows: list = []
+        for m in hot:  # each hot model alone, its requests at the times the overcommitted run sent them
+            mine = [i for i, (model, _) in enumerate(mix) if model == m]
+            stats, res = measure_arm(args, one_model_config(workdir / f"baseline-{m}-{rep + 1}", m), [m], hot,
+                                     [mix[i] for i in mine], f"overcommit {level}x/{m} alone {tag}",
+                                     [w for w in warm if w[0] == m], at=[rows[i][1].sent_s for i in mine])
+            rep_out["baseline_by_model"][m] = stats
+            base_rows += res
+        rep_out["baseline"] = arm_stats(base_rows, hot)
+        reps.append(rep_out)
+        pooled["overcommitted"] += rows
+        pooled["baseline"] += base_rows
+    out = {"models": ids, "hot": hot, "memory_gb": memory_gb, "budgets_gb": round(total_gb, 3),
            "overcommit_actual": round(total_gb / memory_gb, 2), "repeats": reps}
-    for arm in arms:
-        out[arm] = reps[0][arm] if args.repeats == 1 else arm_stats(pooled[arm], ids[:2])
+    for arm in pooled:
+        out[arm] = reps[0][arm] if args.repeats == 1 else arm_stats(pooled[arm], hot)
     a, b = out["overcommitted"], out["baseline"]
     out.update(ratio_p50=ratio(a["hot_ttft_p50_s"], b["hot_ttft_p50_s"]),
                ratio_p95=ratio(a["hot_ttft_p95_s"], b["hot_ttft_p95_s"]),
-               usage_equal=all(r[arm]["usage"]["equal"] for r in reps for arm in arms))
+               ratio_p95_by_model={m: ratio(a["hot_by_model"][m]["ttft_p95_s"], b["hot_by_model"][m]["ttft_p95_s"])
+                                   for m in hot if m in a["hot_by_model"] and m in b["hot_by_model"]},
+               usage_equal=all(r["overcommitted"]["usage"]["equal"]
+                               and all(s["usage"]["equal"] for s in r["baseline_by_model"].values()) for r in reps))
     return out
 
 
 def run_overcommit(args, levels: list[int], workdir: Path) -> dict:
     return {"mapping": f"room for {args.room} models: level L serves the first L x {args.room} of {MODELS} (the "
-                       f"first two the hottest; {args.warmup} unmeasured warm-up requests first) with catalogue.memory_gb the sum of their {args.room} largest "
-                       "budgets; baseline: a pool of the same memory serving only the hottest model, sent the two "
-                       "hottest models' requests of the same mix (all addressed to the hottest)",
+                       f"first two the hottest; {args.warmup} unmeasured warm-up requests first) with "
+                       f"catalogue.memory_gb the sum of their {args.room} largest budgets; baseline: each of the two "
+                       "hottest models on a one-model stack of its own, sent its requests of the same run at the "
+                       "times the overcommitted run sent them",
             "levels": {str(level): run_level(args, level, workdir / f"{level}x") for level in levels}}
 
 
@@ -352,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overcommit", default="1,2,4", help="overcommit levels (budgets over room)")
     p.add_argument("--room", type=int, default=3, help="models the overcommitted stacks hold at once")
     p.add_argument("--warmup", type=int, default=60, help="unmeasured requests of the same mix first")
-    p.add_argument("--repeats", type=int, default=1, help="runs per level, alternating which stack goes first")
+    p.add_argument("--repeats", type=int, default=1, help="runs per level, each overcommitted then its baselines")
     p.add_argument("--requests", type=int, default=200, help="requests per run")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the model mix")

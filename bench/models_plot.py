@@ -59,6 +59,9 @@ def arm_stats(rows: list, hot: list[str], metrics: dict | None = None) -> dict:
     every = [r.ttft_s for _, r in ok]
     out = {"requests": len(rows), "ok": len(ok), "by_model": dict(Counter(m for m, _ in rows)),
            "hot_ttft_p50_s": rounded(percentile(hot_ttft, 50)), "hot_ttft_p95_s": rounded(percentile(hot_ttft, 95)),
+           "hot_by_model": {m: {"n": len(t), "ttft_p50_s": rounded(percentile(t, 50)),
+                                "ttft_p95_s": rounded(percentile(t, 95))}
+                            for m in hot if (t := [r.ttft_s for mm, r in ok if mm == m])},
            "all_ttft_p50_s": rounded(percentile(every, 50)), "all_ttft_p95_s": rounded(percentile(every, 95)),
            "rejected_429": sum(1 for _, r in rows if not r.ok and r.error.startswith("HTTP 429")),
            "errors": sum(1 for _, r in rows if not r.ok and not r.error.startswith("HTTP 429")),
@@ -87,18 +90,21 @@ def table(doc: dict) -> str:
                          f"ratio {r['ratio']}")
         lines.append(f"  median ratio {w['median_ratio']}")
     if o := doc.get("overcommit"):
-        lines.append("overcommit  hot TTFT p50 / p95 (s)   vs hottest alone   429  err  wakes  evict  usage equal")
+        lines.append("overcommit  hot TTFT p50 / p95 (s)   vs each alone   429  err  wakes  evict  usage equal")
         for level, v in o["levels"].items():
             a, b = v["overcommitted"], v["baseline"]
             lines.append(f"  {level:>3}x  {a['hot_ttft_p50_s']} / {a['hot_ttft_p95_s']}  (base {b['hot_ttft_p50_s']}"
                          f" / {b['hot_ttft_p95_s']})  {v['ratio_p50']} / {v['ratio_p95']}  {a['rejected_429']}  "
                          f"{a['errors']}  {a.get('wakes')}  {a.get('evictions')}  {v['usage_equal']}")
+            if v.get("ratio_p95_by_model"):
+                lines.append("        p95 ratio by model: " + ", ".join(
+                    f"{m} {r}" for m, r in v["ratio_p95_by_model"].items()))
     return "\n".join(lines)
 
 
 def plot(doc: dict, path: Path) -> None:
     """Wake: Baton's cold-model TTFT next to vllm serve's start to first token, per round; overcommit:
-    the hot models' TTFT p50 and p95 per level, overcommitted and the hottest model's pool alone."""
+    the hot models' TTFT p50 and p95 per level, overcommitted and each on a pool of its own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +126,7 @@ def plot(doc: dict, path: Path) -> None:
             xs = range(len(levels))
             for i, (arm, q) in enumerate((a, q) for a in ("baseline", "overcommitted") for q in ("p50", "p95")):
                 ax.bar([x - 0.3 + 0.2 * i for x in xs], [v[arm][f"hot_ttft_{q}_s"] or float("nan") for v in levels.values()],
-                       0.2, label=f"{'hottest model alone' if arm == 'baseline' else arm} {q}")
+                       0.2, label=f"{'each alone' if arm == 'baseline' else arm} {q}")
             ax.set_xticks(list(xs), [f"{k}x" for k in levels])
             ax.set_yscale("log")  # waits behind a swap are seconds, resident TTFTs tens of ms
             ax.set_ylabel("TTFT of the two hottest models (s)")

@@ -11,6 +11,7 @@ from argparse import Namespace
 from collections import Counter
 
 import pytest
+import yaml
 from aiohttp import web
 
 from bench import models
@@ -185,30 +186,38 @@ def _args(**kw) -> Namespace:
     return Namespace(**{**base, **kw})
 
 
-def test_run_level_alternates_the_arms_and_divides_hot_ttft_by_the_baseline(tmp_path, monkeypatch):
+def test_run_level_sends_each_hot_model_alone_its_requests_at_the_overcommitted_times(tmp_path, monkeypatch):
     from cluster import tiny_model
 
     monkeypatch.setattr(tiny_model, "generate_catalogue", lambda entries: None)
     calls = []
 
-    def fake_arm(args, workdir, ids, memory_gb, mix, label, warm):
-        models.stack_config(workdir, ids, memory_gb, args.min_resident_s)
-        arm = "overcommitted" if len(ids) > 1 else "baseline"
-        calls.append((arm, memory_gb, len(mix), {m for m, _ in mix} <= set(ids)))
-        ttft = 0.2 if arm == "overcommitted" else 0.1
+    def fake_arm(args, config, first, hot, mix, label, warm, at=None):
+        cfg = yaml.safe_load(config.read_text())
+        listed = [m["id"] for m in cfg.get("models") or []]  # a catalogue: the stack's model, then these
+        served = [models.FIRST, *listed] if listed else [cfg["model"]["served_name"]]
+        calls.append((served, len(mix), {m for m, _ in mix}, at, cfg.get("catalogue", {}).get("memory_gb")))
+        ttft = 0.2 if at is None else 0.1
         rows = [_row(m, ttft) for m, _ in mix]
-        return arm_stats(rows, ids[:2], {}), rows
+        for i, (_, r) in enumerate(rows):
+            r.sent_s = at[i] if at is not None else 0.5 * i
+        return arm_stats(rows, hot, {}), rows
 
     monkeypatch.setattr(models, "measure_arm", fake_arm)
     out = models.run_level(_args(), 2, tmp_path)
     mix = models.zipf_mix(MODELS[:4], 20, _args().zipf_s, _args().seed + 2)
-    hot = sum(1 for m in mix if m in MODELS[:2])
-    # The baseline serves the hottest model alone, in the same memory, and gets the hot models' requests.
-    assert [c[0] for c in calls] == ["overcommitted", "baseline", "baseline", "overcommitted"]
-    assert {c[1] for c in calls} == {out["memory_gb"]} and all(c[3] for c in calls)
-    assert [c[2] for c in calls] == [20, hot, hot, 20] and 0 < hot < 20
+    # Each repeat: the overcommitted stack, then each hot model on a one-model stack of its own.
+    assert [len(c[0]) for c in calls] == [4, 1, 1] * 2
+    assert [c[0][0] for c in calls if len(c[0]) == 1] == MODELS[:2] * 2
+    for served, n, sent, at, memory_gb in calls:
+        if len(served) > 1:
+            assert at is None and n == 20 and memory_gb == out["memory_gb"]
+        else:  # only its own requests, at the times the overcommitted run sent them
+            mine = [i for i, m in enumerate(mix) if m == served[0]]
+            assert sent == {served[0]} and n == len(mine) > 0 and at == [0.5 * i for i in mine]
     assert out["models"] == MODELS[:4] and out["hot"] == MODELS[:2] and 0.5 <= out["memory_gb"] < 0.56
     assert out["ratio_p50"] == 2.0 and out["ratio_p95"] == 2.0 and len(out["repeats"]) == 2
+    assert out["ratio_p95_by_model"] == {m: 2.0 for m in MODELS[:2]}
     assert out["overcommitted"]["requests"] == 40 and 1.9 < out["overcommit_actual"] <= 2.0
 
 
