@@ -123,7 +123,7 @@ def serve_run(cfg, out: dict, gpu: bool) -> None:
     start to its first answer, and that answer."""
     import httpx
 
-    from bench.models import started_fast
+    from bench.models_wake import started_fast
     from bench.peers import VllmServe
     from common.config_models import catalogue_models, for_model
 
