@@ -47,16 +47,24 @@ def use_standby():
     return _context
 
 
-def serving_priority(pids: list[int]) -> None:
-    """Gives every thread of `pids` (a woken engine's processes) this process's priority again: they
-    started niced (actors/standby_preload.py). Where that is not permitted (raising a priority needs
-    CAP_SYS_NICE), they stay niced."""
+def serving_priority(pids: list[int], below: int = 0) -> None:
+    """Gives every thread of `pids` (an engine's processes) this process's priority, or `below` nice
+    steps under it: a woken engine started niced (actors/standby_preload.py). Where raising a priority
+    is not permitted (it needs CAP_SYS_NICE or RLIMIT_NICE), threads keep the lower one."""
     import psutil
 
-    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + below)
     for pid in pids:
         try:
             for thread in psutil.Process(pid).threads():
-                os.setpriority(os.PRIO_PROCESS, thread.id, mine)
+                os.setpriority(os.PRIO_PROCESS, thread.id, nice)
         except (OSError, psutil.Error):
             continue
+
+
+def can_raise_priority() -> bool:
+    """Whether this process may give a niced thread its own priority back (root, or RLIMIT_NICE)."""
+    import resource
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - mine

@@ -72,6 +72,9 @@ class ModelHost:
         self.resume_s: dict[str, float] = {}  # wakes from sleep, likewise
         self.swap = asyncio.Lock()
         self._waking: dict[str, asyncio.Task] = {}  # models waking for no request in particular
+        self._nice: dict[str, int] = {}  # resident model -> nice steps its engine runs below the replica
+        self._ranked_at = -math.inf  # when `_prioritise` last ranked the engines
+        self._rank = False  # whether engines are ranked by demand (`start`: CPU, cold_nice, permitted)
         self.on_usage = None  # set by the replica: every model's Finisher reports usage to it
         self.metrics = None  # the front's IngressMetrics, for wake and eviction counts
         self.events_replay = None  # no KV events: a catalogue's fronts serve their own engines
@@ -83,6 +86,10 @@ class ModelHost:
             from actors.fast_start import use_standby
 
             use_standby()
+        if self.cfg.catalogue.cold_nice and not self.sleep_level:
+            from actors.fast_start import can_raise_priority
+
+            self._rank = can_raise_priority()  # a demoted engine must be able to come back
         await self._wake(self.cfg.model.served_name, time.monotonic())
 
     # -- requests ---------------------------------------------------------------
@@ -95,6 +102,7 @@ class ModelHost:
         until `release(model)`. Raises ModelUnavailable if it cannot be had within `deadline_s`."""
         start = time.monotonic()
         self.residency.request(model, start)
+        self._prioritise(start)
         while True:
             engine = self.engines.get(model)
             if engine is not None and not engine.errored():
@@ -175,6 +183,24 @@ class ModelHost:
         if self.metrics is not None:
             self.metrics.model_wakes.labels(model).inc()
             self.metrics.model_wake_s.labels(model).observe(took)
+        self._prioritise(time.monotonic(), force=True)
+
+    def _prioritise(self, now: float, force: bool = False) -> None:
+        """Runs the engines of the models residency favours (asked at least as often as the average
+        model) at the replica's priority and the other resident ones `catalogue.cold_nice` steps
+        below it, so the hot models keep the cores while cold ones are served; CPU engines only.
+        Re-ranks at most once a second unless `force`. Changes the engines' threads' priorities."""
+        if not self._rank or (not force and now - self._ranked_at < 1.0):
+            return
+        from actors.fast_start import serving_priority
+
+        self._ranked_at = now
+        favoured = self.residency.favoured(now)
+        for model, engine in self.engines.items():
+            below = 0 if model in favoured else self.cfg.catalogue.cold_nice
+            if self._nice.get(model) != below:
+                serving_priority(_pids(engine), below)
+                self._nice[model] = below
 
     async def _resume(self, model: str) -> EngineApp | None:
         """Wakes `model`'s sleeping engine (reloading its weights after a level-2 sleep); None if it
@@ -218,6 +244,7 @@ class ModelHost:
             from actors.fast_start import serving_priority
 
             serving_priority(_pids(engine))
+        self._nice[model] = 0
         return engine
 
     async def _drop(self, model: str) -> None:
@@ -226,6 +253,7 @@ class ModelHost:
         stop and their memory is freed."""
         engine = self.engines.pop(model, None)
         self.apps.pop(model, None)
+        self._nice.pop(model, None)
         if engine is None:
             return
         self.residency.evicted(model)

@@ -303,3 +303,31 @@ def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pai
     # as a sessionless conversation), run locally by the other.
     assert {"model", "conversation"} & set(routes) and "colocated" in routes, routes
     assert {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")} == wakes
+
+
+def _nice(pids: list[int]) -> set[int]:
+    """The priorities of every thread of `pids`."""
+    import psutil
+
+    out = set()
+    for pid in pids:
+        for thread in psutil.Process(pid).threads():
+            out.add(os.getpriority(os.PRIO_PROCESS, thread.id))
+    return out
+
+
+def test_a_cold_models_engine_serves_below_the_hot_models(catalogue_stack):
+    """catalogue.cold_nice (10): the engine of a resident model asked less often than the catalogue's
+    average model runs 10 nice steps below the engine of the model asked most."""
+    _make_resident(catalogue_stack, FIRST)
+    for _ in range(30):  # FIRST far above the average of the five models
+        assert _chat(catalogue_stack, FIRST).status_code == 200
+    listing = _listing(catalogue_stack)
+    cold = next(m for m in (SMALL, DEEP) if not listing[m]["resident"])
+    _make_resident(catalogue_stack, cold)  # asked once or twice: under the average
+    time.sleep(1.1)  # the host ranks the engines at most once a second, and at each wake
+    assert _chat(catalogue_stack, FIRST).status_code == 200
+    listing = _listing(catalogue_stack)
+    hot = _nice(listing[FIRST]["pids"])
+    assert len(hot) == 1, hot
+    assert _nice(listing[cold]["pids"]) == {min(19, next(iter(hot)) + 10)}

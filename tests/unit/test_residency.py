@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from routing.residency import BUSY_RECHECK_S, Plan, Residency
+from routing.residency import BUSY_RECHECK_S, IDLE_GAPS, Plan, Residency
 
 
 def pool(capacity: int = 100, min_resident_s: float = 30.0, **budgets: int) -> Residency:
@@ -76,12 +76,28 @@ def test_busy_models_are_never_evicted_but_waited_for():
 def test_a_much_busier_model_is_kept_until_it_goes_idle():
     r = pool(capacity=50)
     r.woke("a", 0.0)
-    for t in range(100, 110):
+    for t in range(0, 600, 2):  # a steady 0.5 requests/s: quiet after 30 s (min_resident_s) > 5 gaps of 2 s
         r.request("a", float(t))
-    r.request("b", 110.0)
-    # a's demand is 10x b's and a was asked 1 s ago: evictable once idle for 30 s.
-    assert r.plan("b", 110.0) == Plan(None, (), 29.0, "pinned")
-    assert r.plan("b", 139.0) == Plan("b", ("a",), 0.0, "evict")
+    r.request("b", 599.0)
+    # a's demand is far above b's and a was asked 1 s ago: evictable once idle for 30 s.
+    assert r.plan("b", 599.0) == Plan(None, (), 29.0, "pinned")
+    assert r.plan("b", 628.0) == Plan("b", ("a",), 0.0, "evict")
+
+
+def test_a_busier_model_is_quiet_only_after_several_of_its_own_gaps():
+    """With min_resident_s 5 and a model asked every 3 s, a 5 s gap is not quiet: it must go
+    IDLE_GAPS mean gaps (15 s) without a request before a much rarer model may evict it."""
+    r = pool(capacity=50, min_resident_s=5.0)
+    r.woke("a", 0.0)
+    for t in range(0, 900, 3):
+        r.request("a", float(t))
+    r.request("b", 902.0)
+    rate = r.demand("a", 897.0)
+    assert 0.3 < rate < 0.34  # the decayed count's estimate of one request per 3 s
+    assert r.plan("b", 903.0).reason == "pinned"  # 6 s quiet: over min_resident_s, under 5 gaps
+    quiet = 897.0 + IDLE_GAPS / rate
+    assert r.plan("b", quiet - 0.5).reason == "pinned"
+    assert r.plan("b", quiet + 0.5) == Plan("b", ("a",), 0.0, "evict")
 
 
 def test_a_comparable_requester_may_evict_a_model_in_use():
@@ -178,3 +194,21 @@ def test_the_plan_waits_for_the_least_wanted_victim_rather_than_evict_a_more_wan
     r.request("d", 100.0)  # b is evictable now (resident long, d not 2x below it); c is the least wanted
     assert r.plan("d", 100.0) == Plan(None, (), 25.0, "pinned")
     assert r.plan("d", 125.0).evict == ("c",)
+
+
+def test_favoured_are_the_resident_models_asked_at_least_as_often_as_the_average():
+    r = pool(capacity=150, a=50, b=50, c=50, d=50)
+    for m in "abc":
+        r.woke(m, 0.0)
+    assert r.favoured(1.0) == {"a", "b", "c"}  # nothing asked yet: every resident one
+    for t in range(60):
+        r.request("a", float(t))
+        if t % 3 == 0:
+            r.request("b", float(t))
+    r.request("c", 59.0)
+    r.request("d", 59.0)
+    # a 60, b 20, c 1, d 1 (not resident): the mean is 20.5 requests' worth, b just under it.
+    assert r.favoured(60.0) == {"a"}
+    for t in range(60, 64):
+        r.request("b", float(t))
+    assert r.favoured(64.0) == {"a", "b"}
