@@ -15,18 +15,26 @@ would take:
   victim, so two models alternating on room for one swap at most once per
   ``min_resident_s``.
 * Demand guard: a victim whose decayed demand is more than twice the
-  requester's is never evicted unless it has gone quiet: no request for
-  ``min_resident_s`` and for ``IDLE_GAPS`` of its own mean gaps between
-  requests (1 / its demand when last asked). A rarely used model waits for
-  room among the rarely used, or for the wanted ones to go quiet, rather
-  than evicting a model in steady use (whose next requests would all pay a
-  wake). A fixed idle time is not "quiet": a model asked every 3 s on
-  average leaves a 5 s gap about one time in five (bench models, 2x: the
-  second hottest model, a fifth of the traffic, was evicted in such gaps
-  and its p95 TTFT became a wake's 4.6 s). Models of similar demand take
-  turns (at most one swap per ``min_resident_s``), so none starves. Both
-  demands decay at the same half-life, so their ratio does not change with
-  time alone; such a victim frees up only once it has been quiet that long.
+  requester's is never evicted unless it has been idle (no request) for
+  ``min_resident_s``: a rarely used model waits for room among the rarely
+  used, or for the wanted ones to go quiet, rather than evicting a model in
+  steady use (whose next requests would all pay a wake). Models of similar
+  demand take turns (at most one swap per ``min_resident_s``), so none
+  starves. Both demands decay at the same half-life, so their ratio does
+  not change with time alone; such a victim frees up only once it has been
+  idle that long.
+* A favoured victim (see `favoured`: asked at least as often as the
+  catalogue's average model) so guarded must have gone quiet, not just
+  idle: no request for ``min_resident_s`` and for ``IDLE_GAPS`` of its own
+  mean gaps between requests (an exponential average of the gaps, weight
+  ``GAP_WEIGHT`` on the latest: a burst's gaps, not a rate spread over the
+  demand's half-life). A fixed idle
+  time is not quiet: a model asked every 3 s on average leaves a 5 s gap
+  about one time in five (bench models, 2x: the second hottest model, a
+  fifth of the traffic, was evicted in such gaps and its p95 TTFT became a
+  wake's 4.6 s). Only the favoured get this: asked of every guarded victim,
+  the third most wanted model held the one spare slot against the rarer
+  ones until their deadlines passed (a 429 at 2x).
 
 `favoured` names the resident models asked at least as often as the
 catalogue's average model: the replica runs their engines at full CPU
@@ -46,6 +54,7 @@ _DEMAND_GUARD = 2.0  # a victim more than twice as wanted as the requester is ke
 # A guarded victim is quiet after this many of its mean gaps without a request: a Poisson stream
 # leaves such a gap once in e**5 (~150) gaps.
 IDLE_GAPS = 5.0
+GAP_WEIGHT = 0.1  # of the latest gap in a model's mean gap between requests
 
 
 @dataclass(frozen=True)
@@ -79,12 +88,19 @@ class Residency:
         self.min_resident_s = min_resident_s
         self.half_life_s = half_life_s
         self._count: dict[str, tuple[float, float]] = {}  # model -> (decayed count, as of)
-        self._last_request: dict[str, float] = {}  # model -> when last asked (the count's "as of")
+        self._last_request: dict[str, float] = {}
+        self._gap: dict[str, float] = {}  # model -> mean gap between its requests (exponential average)
         self._since: dict[str, float] = {}  # resident model -> woken at, in wake order
 
     def request(self, model: str, now: float) -> None:
-        """Records one arrival for ``model``: raises its demand and its last-request time."""
+        """Records one arrival for ``model``: raises its demand, updates its mean gap between
+        requests and its last-request time."""
         self._check(model)
+        last = self._last_request.get(model)
+        if last is not None:
+            gap = max(0.0, now - last)
+            mean = self._gap.get(model)
+            self._gap[model] = gap if mean is None else mean + GAP_WEIGHT * (gap - mean)
         self._count[model] = (self._decayed_count(model, now) + 1.0, now)
         self._last_request[model] = now
 
@@ -153,6 +169,7 @@ class Residency:
         """Each resident model -> the earliest time it may be evicted for ``model`` (a busy one: when
         it is next looked at)."""
         mine = self.demand(model, now)
+        favoured = self.favoured(now)
         out: dict[str, float] = {}
         for v, since in self._since.items():
             if v in busy:
@@ -160,8 +177,9 @@ class Residency:
                 continue
             t = since + self.min_resident_s
             if self.demand(v, now) > _DEMAND_GUARD * mine:
-                # The ratio is fixed under decay: only going quiet releases it.
-                t = max(t, self._quiet_at(v))
+                # The ratio is fixed under decay: only going idle (quiet, if favoured) releases it.
+                t = max(t, self._quiet_at(v) if v in favoured
+                        else self._last_request.get(v, -math.inf) + self.min_resident_s)
             out[v] = t
         return out
 
@@ -178,13 +196,12 @@ class Residency:
         return tuple(chosen) if freed >= need else None
 
     def _quiet_at(self, model: str) -> float:
-        """When ``model`` has gone quiet: ``min_resident_s`` and IDLE_GAPS of its mean gaps (at its
-        demand when last asked) after its last request."""
+        """When ``model`` has gone quiet: ``min_resident_s`` and IDLE_GAPS of its mean gaps after its
+        last request."""
         last = self._last_request.get(model)
         if last is None:
             return -math.inf
-        rate = self.demand(model, last)
-        return last + max(self.min_resident_s, IDLE_GAPS / rate if rate > 0 else 0.0)
+        return last + max(self.min_resident_s, IDLE_GAPS * self._gap.get(model, 0.0))
 
     def _last_used(self, model: str) -> float:
         return max(self._last_request.get(model, -math.inf), self._since.get(model, -math.inf))

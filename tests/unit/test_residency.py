@@ -84,20 +84,47 @@ def test_a_much_busier_model_is_kept_until_it_goes_idle():
     assert r.plan("b", 628.0) == Plan("b", ("a",), 0.0, "evict")
 
 
-def test_a_busier_model_is_quiet_only_after_several_of_its_own_gaps():
-    """With min_resident_s 5 and a model asked every 3 s, a 5 s gap is not quiet: it must go
-    IDLE_GAPS mean gaps (15 s) without a request before a much rarer model may evict it."""
+def test_a_favoured_model_is_quiet_only_after_several_of_its_own_gaps():
+    """With min_resident_s 5 and a model asked every 3 s (the only one asked: favoured), a 5 s
+    gap is not quiet: it must go IDLE_GAPS mean gaps (15 s) without a request before a much rarer
+    model may evict it."""
     r = pool(capacity=50, min_resident_s=5.0)
     r.woke("a", 0.0)
     for t in range(0, 900, 3):
         r.request("a", float(t))
     r.request("b", 902.0)
-    rate = r.demand("a", 897.0)
-    assert 0.3 < rate < 0.34  # the decayed count's estimate of one request per 3 s
-    assert r.plan("b", 903.0).reason == "pinned"  # 6 s quiet: over min_resident_s, under 5 gaps
-    quiet = 897.0 + IDLE_GAPS / rate
-    assert r.plan("b", quiet - 0.5).reason == "pinned"
-    assert r.plan("b", quiet + 0.5) == Plan("b", ("a",), 0.0, "evict")
+    assert r.plan("b", 903.0).reason == "pinned"  # 6 s quiet: over min_resident_s, under 5 gaps of 3 s
+    assert r.plan("b", 897.0 + IDLE_GAPS * 3 - 0.5).reason == "pinned"
+    assert r.plan("b", 897.0 + IDLE_GAPS * 3 + 0.5) == Plan("b", ("a",), 0.0, "evict")
+
+
+def test_a_burst_is_quiet_after_five_of_its_own_gaps_not_of_a_rate_over_the_half_life():
+    """Ten requests a second apart, then silence: quiet 5 s after the last (min_resident_s 5),
+    although a rate read from the decayed count (10 requests over a 60 s half-life) is one per 9 s."""
+    r = pool(capacity=50, min_resident_s=5.0)
+    r.woke("a", 0.0)
+    for t in range(100, 110):
+        r.request("a", float(t))
+    r.request("b", 110.0)
+    assert r.plan("b", 113.0).reason == "pinned"
+    assert r.plan("b", 114.5) == Plan("b", ("a",), 0.0, "evict")
+
+
+def test_a_guarded_model_under_the_average_is_evictable_once_idle_for_min_resident():
+    """c is asked three times as often as d, so the guard holds it while in use, but less than the
+    average model (a dominates): once idle for min_resident_s, d may take its place."""
+    r = pool(capacity=100, min_resident_s=5.0, a=50, c=50, d=50, e=50)
+    r.woke("a", 0.0)
+    r.woke("c", 0.0)
+    for t in range(593):
+        r.request("a", float(t))
+        if t % 10 == 0:
+            r.request("c", float(t))  # last at 590
+        if t % 30 == 0:
+            r.request("d", float(t))
+    assert r.favoured(592.0) == {"a"} and r.demand("c", 592.0) > 2 * r.demand("d", 592.0)
+    assert r.plan("d", 592.0) == Plan(None, (), 3.0, "pinned")  # c idle 2 s of 5
+    assert r.plan("d", 595.5) == Plan("d", ("c",), 0.0, "evict")  # not IDLE_GAPS x 10 s
 
 
 def test_a_comparable_requester_may_evict_a_model_in_use():
