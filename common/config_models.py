@@ -90,8 +90,8 @@ class CatalogueConfig(_Strict):
         True, description="keep a process with vLLM's engine modules imported, from which cold engines "
         "fork (actors/fast_start.py): a wake then costs seconds, not a Python start")
     cold_nice: int = Field(
-        10, ge=0, le=19, description="CPU engines of resident models asked less than the catalogue's average "
-        "model run this much below the replica's priority, so the hot models keep the cores while cold "
+        10, ge=0, le=19, description="CPU engines of resident models outside the hot set (routing/residency.py) "
+        "run this much below the replica's priority, so the hot models keep the cores while cold "
         "ones are served (re-ranked as demand moves; needs the right to raise a priority back, else off); "
         "0: every engine at the replica's priority")
 

@@ -6,8 +6,16 @@ listed and woken on demand, evicting others. `Residency` keeps the resident
 set and each model's recent demand, and `plan` says what waking a model
 would take:
 
-* Victims are resident models taken least demand first (ties: least
-  recently used, then name). When those victims may not go yet (too
+* The hot set (`favoured`) is the most wanted models, by demand over a
+  memory ``LONG_MEMORY`` times the half-life, that fit together with room
+  left for the largest model to wake beside them. It is evicted last: the
+  room beside it turns over among the others, so a hot model is never a
+  victim while the hot set stands. Ranked by the short demand alone, the
+  second hottest model (a fifth of the traffic) fell below a cold model
+  that had just been asked several times, was evicted, and its p95 TTFT
+  became a wake's 4.6 s (bench models, 2x).
+* Victims are the other resident models, least demand first (ties: least
+  recently used, then name), then the hot set's. When those victims may not go yet (too
   recently woken, or busy: requests in flight, never cut off), the plan
   waits for them rather than evicting a more wanted model that could go
   now; a busy victim is looked at again every ``BUSY_RECHECK_S``.
@@ -20,26 +28,13 @@ would take:
   used, or for the wanted ones to go quiet, rather than evicting a model in
   steady use (whose next requests would all pay a wake). Models of similar
   demand take turns (at most one swap per ``min_resident_s``), so none
-  starves. Both demands decay at the same half-life, so their ratio does
-  not change with time alone; such a victim frees up only once it has been
-  idle that long.
-* A favoured victim (see `favoured`: asked at least as often as the
-  catalogue's average model) so guarded must have gone quiet, not just
-  idle: no request for ``min_resident_s`` and for ``IDLE_GAPS`` of its own
-  mean gaps between requests (an exponential average of the gaps, weight
-  ``GAP_WEIGHT`` on the latest: a burst's gaps, not a rate spread over the
-  demand's half-life). A fixed idle
-  time is not quiet: a model asked every 3 s on average leaves a 5 s gap
-  about one time in five (bench models, 2x: the second hottest model, a
-  fifth of the traffic, was evicted in such gaps and its p95 TTFT became a
-  wake's 4.6 s). Only the favoured get this: asked of every guarded victim,
-  the third most wanted model held the one spare slot against the rarer
-  ones until their deadlines passed (a 429 at 2x).
+  starves. Both demands decay at the same half-life, so their
+  ratio does not change with time alone; such a victim frees up only once
+  it has been idle that long.
 
-`favoured` names the resident models asked at least as often as the
-catalogue's average model: the replica runs their engines at full CPU
-priority and the others below them (deployments/model_host.py), so a cold
-model's requests are served in what the hot ones leave.
+The replica runs the hot set's engines at full CPU priority and the others
+below them (deployments/model_host.py), so a cold model's requests are
+served in what the hot ones leave.
 
 Pure logic: no clock, no engine; the caller passes ``now`` in seconds.
 """
@@ -51,10 +46,7 @@ from dataclasses import dataclass
 
 BUSY_RECHECK_S = 0.5  # how soon a plan waiting on a busy victim looks again
 _DEMAND_GUARD = 2.0  # a victim more than twice as wanted as the requester is kept while in use
-# A guarded victim is quiet after this many of its mean gaps without a request: a Poisson stream
-# leaves such a gap once in e**5 (~150) gaps.
-IDLE_GAPS = 5.0
-GAP_WEIGHT = 0.1  # of the latest gap in a model's mean gap between requests
+LONG_MEMORY = 10.0  # the hot set's demand forgets this many times more slowly than the victims' order
 
 
 @dataclass(frozen=True)
@@ -88,20 +80,15 @@ class Residency:
         self.min_resident_s = min_resident_s
         self.half_life_s = half_life_s
         self._count: dict[str, tuple[float, float]] = {}  # model -> (decayed count, as of)
+        self._long: dict[str, tuple[float, float]] = {}  # the same at LONG_MEMORY x the half-life
         self._last_request: dict[str, float] = {}
-        self._gap: dict[str, float] = {}  # model -> mean gap between its requests (exponential average)
         self._since: dict[str, float] = {}  # resident model -> woken at, in wake order
 
     def request(self, model: str, now: float) -> None:
-        """Records one arrival for ``model``: raises its demand, updates its mean gap between
-        requests and its last-request time."""
+        """Records one arrival for ``model``: raises its demand and its last-request time."""
         self._check(model)
-        last = self._last_request.get(model)
-        if last is not None:
-            gap = max(0.0, now - last)
-            mean = self._gap.get(model)
-            self._gap[model] = gap if mean is None else mean + GAP_WEIGHT * (gap - mean)
         self._count[model] = (self._decayed_count(model, now) + 1.0, now)
+        self._long[model] = (self._decayed_count(model, now, long=True) + 1.0, now)
         self._last_request[model] = now
 
     def demand(self, model: str, now: float) -> float:
@@ -130,11 +117,21 @@ class Residency:
         return list(self._since)
 
     def favoured(self, now: float) -> set[str]:
-        """The resident models asked at least as often as the catalogue's average model (decayed
-        demand); every resident one while nothing has been asked. Changes nothing."""
-        demand = {m: self.demand(m, now) for m in self.budgets}
-        mean = sum(demand.values()) / len(demand) if demand else 0.0
-        return {m for m in self._since if mean <= 0 or demand[m] >= mean}
+        """The hot set's resident models: the most wanted (demand over LONG_MEMORY half-lives, then
+        name) that fit together while leaving room for the largest model to wake beside them. Every
+        resident one where the whole catalogue fits or nothing has been asked. Changes nothing."""
+        if sum(self.budgets.values()) <= self.capacity:
+            return set(self._since)
+        demand = {m: self._decayed_count(m, now, long=True) for m in self.budgets}
+        if not any(demand.values()):
+            return set(self._since)
+        room, used, out = self.capacity - max(self.budgets.values()), 0, set()
+        for m in sorted(self.budgets, key=lambda m: (-demand[m], m)):
+            if demand[m] <= 0 or used + self.budgets[m] > room:
+                break
+            used += self.budgets[m]
+            out.add(m)
+        return out & set(self._since)
 
     def used_bytes(self) -> int:
         return sum(self.budgets[m] for m in self._since)
@@ -169,7 +166,6 @@ class Residency:
         """Each resident model -> the earliest time it may be evicted for ``model`` (a busy one: when
         it is next looked at)."""
         mine = self.demand(model, now)
-        favoured = self.favoured(now)
         out: dict[str, float] = {}
         for v, since in self._since.items():
             if v in busy:
@@ -177,15 +173,16 @@ class Residency:
                 continue
             t = since + self.min_resident_s
             if self.demand(v, now) > _DEMAND_GUARD * mine:
-                # The ratio is fixed under decay: only going idle (quiet, if favoured) releases it.
-                t = max(t, self._quiet_at(v) if v in favoured
-                        else self._last_request.get(v, -math.inf) + self.min_resident_s)
+                # The ratio is fixed under decay: only going idle releases it.
+                t = max(t, self._last_request.get(v, -math.inf) + self.min_resident_s)
             out[v] = t
         return out
 
     def _victims(self, now: float, candidates: list[str], need: int) -> tuple[str, ...] | None:
-        """Least demand first (then least recently used, then name) until ``need`` bytes; None if short."""
-        order = sorted(candidates, key=lambda v: (self.demand(v, now), self._last_used(v), v))
+        """The hot set last, else least demand first (then least recently used, then name) until
+        ``need`` bytes; None if short."""
+        hot = self.favoured(now)
+        order = sorted(candidates, key=lambda v: (v in hot, self.demand(v, now), self._last_used(v), v))
         chosen: list[str] = []
         freed = 0
         for v in order:
@@ -195,20 +192,12 @@ class Residency:
             freed += self.budgets[v]
         return tuple(chosen) if freed >= need else None
 
-    def _quiet_at(self, model: str) -> float:
-        """When ``model`` has gone quiet: ``min_resident_s`` and IDLE_GAPS of its mean gaps after its
-        last request."""
-        last = self._last_request.get(model)
-        if last is None:
-            return -math.inf
-        return last + max(self.min_resident_s, IDLE_GAPS * self._gap.get(model, 0.0))
-
     def _last_used(self, model: str) -> float:
         return max(self._last_request.get(model, -math.inf), self._since.get(model, -math.inf))
 
-    def _decayed_count(self, model: str, now: float) -> float:
-        count, at = self._count.get(model, (0.0, now))
-        return count * 0.5 ** (max(0.0, now - at) / self.half_life_s)
+    def _decayed_count(self, model: str, now: float, long: bool = False) -> float:
+        count, at = (self._long if long else self._count).get(model, (0.0, now))
+        return count * 0.5 ** (max(0.0, now - at) / (self.half_life_s * (LONG_MEMORY if long else 1.0)))
 
     def _check(self, model: str) -> None:
         if model not in self.budgets:

@@ -317,14 +317,14 @@ def _nice(pids: list[int]) -> set[int]:
 
 
 def test_a_cold_models_engine_serves_below_the_hot_models(catalogue_stack):
-    """catalogue.cold_nice (10): the engine of a resident model asked less often than the catalogue's
-    average model runs 10 nice steps below the engine of the model asked most."""
+    """catalogue.cold_nice (10): the engine of a resident model outside the hot set (room for two:
+    the one model asked most) runs 10 nice steps below the hot model's."""
     _make_resident(catalogue_stack, FIRST)
-    for _ in range(30):  # FIRST far above the average of the five models
+    for _ in range(30):  # FIRST the most wanted of the five
         assert _chat(catalogue_stack, FIRST).status_code == 200
     listing = _listing(catalogue_stack)
     cold = next(m for m in (SMALL, DEEP) if not listing[m]["resident"])
-    _make_resident(catalogue_stack, cold)  # asked once or twice: under the average
+    _make_resident(catalogue_stack, cold)  # asked once or twice: not hot
     time.sleep(1.1)  # the host ranks the engines at most once a second, and at each wake
     assert _chat(catalogue_stack, FIRST).status_code == 200
     listing = _listing(catalogue_stack)

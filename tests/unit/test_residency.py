@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from routing.residency import BUSY_RECHECK_S, IDLE_GAPS, Plan, Residency
+from routing.residency import BUSY_RECHECK_S, Plan, Residency
 
 
 def pool(capacity: int = 100, min_resident_s: float = 30.0, **budgets: int) -> Residency:
@@ -76,55 +76,12 @@ def test_busy_models_are_never_evicted_but_waited_for():
 def test_a_much_busier_model_is_kept_until_it_goes_idle():
     r = pool(capacity=50)
     r.woke("a", 0.0)
-    for t in range(0, 600, 2):  # a steady 0.5 requests/s: quiet after 30 s (min_resident_s) > 5 gaps of 2 s
-        r.request("a", float(t))
-    r.request("b", 599.0)
-    # a's demand is far above b's and a was asked 1 s ago: evictable once idle for 30 s.
-    assert r.plan("b", 599.0) == Plan(None, (), 29.0, "pinned")
-    assert r.plan("b", 628.0) == Plan("b", ("a",), 0.0, "evict")
-
-
-def test_a_favoured_model_is_quiet_only_after_several_of_its_own_gaps():
-    """With min_resident_s 5 and a model asked every 3 s (the only one asked: favoured), a 5 s
-    gap is not quiet: it must go IDLE_GAPS mean gaps (15 s) without a request before a much rarer
-    model may evict it."""
-    r = pool(capacity=50, min_resident_s=5.0)
-    r.woke("a", 0.0)
-    for t in range(0, 900, 3):
-        r.request("a", float(t))
-    r.request("b", 902.0)
-    assert r.plan("b", 903.0).reason == "pinned"  # 6 s quiet: over min_resident_s, under 5 gaps of 3 s
-    assert r.plan("b", 897.0 + IDLE_GAPS * 3 - 0.5).reason == "pinned"
-    assert r.plan("b", 897.0 + IDLE_GAPS * 3 + 0.5) == Plan("b", ("a",), 0.0, "evict")
-
-
-def test_a_burst_is_quiet_after_five_of_its_own_gaps_not_of_a_rate_over_the_half_life():
-    """Ten requests a second apart, then silence: quiet 5 s after the last (min_resident_s 5),
-    although a rate read from the decayed count (10 requests over a 60 s half-life) is one per 9 s."""
-    r = pool(capacity=50, min_resident_s=5.0)
-    r.woke("a", 0.0)
     for t in range(100, 110):
         r.request("a", float(t))
     r.request("b", 110.0)
-    assert r.plan("b", 113.0).reason == "pinned"
-    assert r.plan("b", 114.5) == Plan("b", ("a",), 0.0, "evict")
-
-
-def test_a_guarded_model_under_the_average_is_evictable_once_idle_for_min_resident():
-    """c is asked three times as often as d, so the guard holds it while in use, but less than the
-    average model (a dominates): once idle for min_resident_s, d may take its place."""
-    r = pool(capacity=100, min_resident_s=5.0, a=50, c=50, d=50, e=50)
-    r.woke("a", 0.0)
-    r.woke("c", 0.0)
-    for t in range(593):
-        r.request("a", float(t))
-        if t % 10 == 0:
-            r.request("c", float(t))  # last at 590
-        if t % 30 == 0:
-            r.request("d", float(t))
-    assert r.favoured(592.0) == {"a"} and r.demand("c", 592.0) > 2 * r.demand("d", 592.0)
-    assert r.plan("d", 592.0) == Plan(None, (), 3.0, "pinned")  # c idle 2 s of 5
-    assert r.plan("d", 595.5) == Plan("d", ("c",), 0.0, "evict")  # not IDLE_GAPS x 10 s
+    # a's demand is 10x b's and a was asked 1 s ago: evictable once idle for 30 s.
+    assert r.plan("b", 110.0) == Plan(None, (), 29.0, "pinned")
+    assert r.plan("b", 139.0) == Plan("b", ("a",), 0.0, "evict")
 
 
 def test_a_comparable_requester_may_evict_a_model_in_use():
@@ -223,19 +180,41 @@ def test_the_plan_waits_for_the_least_wanted_victim_rather_than_evict_a_more_wan
     assert r.plan("d", 125.0).evict == ("c",)
 
 
-def test_favoured_are_the_resident_models_asked_at_least_as_often_as_the_average():
+def test_the_hot_set_is_the_most_wanted_over_a_long_memory_that_fit_beside_a_swap_slot():
     r = pool(capacity=150, a=50, b=50, c=50, d=50)
     for m in "abc":
         r.woke(m, 0.0)
     assert r.favoured(1.0) == {"a", "b", "c"}  # nothing asked yet: every resident one
-    for t in range(60):
+    for t in range(600):
         r.request("a", float(t))
         if t % 3 == 0:
             r.request("b", float(t))
-    r.request("c", 59.0)
-    r.request("d", 59.0)
-    # a 60, b 20, c 1, d 1 (not resident): the mean is 20.5 requests' worth, b just under it.
-    assert r.favoured(60.0) == {"a"}
-    for t in range(60, 64):
-        r.request("b", float(t))
-    assert r.favoured(64.0) == {"a", "b"}
+        if t % 5 == 0:
+            r.request("c", float(t))
+    # Room 150 less the largest budget (50) holds two: a and b.
+    assert r.favoured(600.0) == {"a", "b"}
+    for t in range(600, 640):  # a burst of c and d: first in the short demand, not in the long one
+        r.request("c", float(t))
+        r.request("d", float(t))
+    assert r.demand("c", 640.0) > r.demand("b", 640.0) and r.favoured(640.0) == {"a", "b"}
+    whole = pool(capacity=200, a=50, b=50, c=50, d=50)
+    whole.woke("a", 0.0)
+    whole.request("b", 1.0)
+    assert whole.favoured(2.0) == {"a"}  # the whole catalogue fits: every resident one
+
+
+def test_the_hot_set_is_evicted_last_even_below_a_cold_models_recent_demand():
+    """b (hot over the long memory) has less short demand than c after c's burst; d's wake takes
+    c, the other resident, not b."""
+    r = pool(capacity=150, min_resident_s=5.0, a=50, b=50, c=50, d=50)
+    for m in "abc":
+        r.woke(m, 0.0)
+    for t in range(600):
+        r.request("a", float(t))
+        if t % 3 == 0:
+            r.request("b", float(t))
+    for t in range(600, 640):
+        r.request("c", float(t))
+    r.request("d", 660.0)
+    assert r.demand("b", 660.0) < r.demand("c", 660.0)
+    assert r.plan("d", 660.0) == Plan("d", ("c",), 0.0, "evict")
