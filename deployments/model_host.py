@@ -186,9 +186,10 @@ class ModelHost:
         self._prioritise(time.monotonic(), force=True)
 
     def _prioritise(self, now: float, force: bool = False) -> None:
-        """Runs the engines of residency's hot set at the replica's priority and the other resident
-        ones `catalogue.cold_nice` steps below it, so the hot models keep the cores while cold ones are served; CPU engines only.
-        Re-ranks at most once a second unless `force`. Changes the engines' threads' priorities."""
+        """Runs the engines of residency's hot set (`favoured`) at the replica's priority and the other
+        resident ones `catalogue.cold_nice` steps below it, so the hot models keep the cores while cold
+        ones are served; CPU engines only. Re-ranks at most once a second unless `force`. Changes the
+        engines' threads' priorities."""
         if not self._rank or (not force and now - self._ranked_at < 1.0):
             return
         from actors.fast_start import serving_priority

@@ -15,10 +15,11 @@ would take:
   that had just been asked several times, was evicted, and its p95 TTFT
   became a wake's 4.6 s (bench models, 2x).
 * Victims are the other resident models, least demand first (ties: least
-  recently used, then name), then the hot set's. When those victims may not go yet (too
-  recently woken, or busy: requests in flight, never cut off), the plan
-  waits for them rather than evicting a more wanted model that could go
-  now; a busy victim is looked at again every ``BUSY_RECHECK_S``.
+  recently used, then name), then the hot set's. When those victims may
+  not go yet (too recently woken, or busy: requests in flight, never cut
+  off), the plan waits for them rather than evicting a more wanted model
+  that could go now; a busy victim is looked at again every
+  ``BUSY_RECHECK_S``.
 * Hysteresis: a model resident for less than ``min_resident_s`` is never a
   victim, so two models alternating on room for one swap at most once per
   ``min_resident_s``.
