@@ -134,7 +134,8 @@ async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadlin
     from bench.load import _stream
     from bench.loadgen import RequestResult
 
-    sem, t0 = asyncio.Semaphore(concurrency if at is None else len(mix) or 1), time.perf_counter()
+    width = concurrency if at is None else max(1, len(mix))
+    sem, t0 = asyncio.Semaphore(width), time.perf_counter()
 
     async def one(client: httpx.AsyncClient, i: int, model: str, body: dict) -> tuple:
         result = RequestResult(index=i)
@@ -151,7 +152,6 @@ async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadlin
                 result.error = f"{type(exc).__name__}: {exc}"[:300].removeprefix("RuntimeError: ")
         return model, result
 
-    width = concurrency if at is None else max(1, len(mix))
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     async with httpx.AsyncClient(timeout=httpx.Timeout(deadline_s + 300, connect=10), limits=limits) as client:
         return list(await asyncio.gather(*(one(client, i, m, b) for i, (m, b) in enumerate(mix))))

@@ -240,11 +240,10 @@ class ModelHost:
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
             raise ModelUnavailable(503, f"The model '{model}' failed to load ({type(exc).__name__}); retry later",
                                    5.0) from exc
-        if self.cfg.catalogue.standby and not self.sleep_level:  # started niced; serve at full priority
+        if self.cfg.catalogue.standby and not self.sleep_level and not self._rank:  # started niced
             from actors.fast_start import serving_priority
 
-            serving_priority(_pids(engine))
-        self._nice[model] = 0
+            serving_priority(_pids(engine))  # full priority; ranked, `_wake` sets the engine's level once
         return engine
 
     async def _drop(self, model: str) -> None:
