@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -99,7 +100,11 @@ class EngineApp:
             self.spec = SpecCounts()
             loggers = [stat_logger(self.spec)]
             logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)  # not vLLM's 10 s log lines
-        self.engine = AsyncLLM.from_engine_args(eargs, stat_loggers=loggers)
+        # The constructor waits for the engine core's handshake (seconds): off the loop, so a replica
+        # that wakes one model of a catalogue keeps serving the others meanwhile.
+        self.engine = await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(AsyncLLM.from_engine_args, eargs, stat_loggers=loggers))
+        self.engine._run_output_handler()  # as vLLM's constructor does when built on the loop
         if self.role == "prefill":
             await self._watch_saves()
         args = argparse.Namespace(**(vars(frontend_args(self.cfg)) | vars(eargs)))

@@ -331,3 +331,33 @@ def test_a_cold_models_engine_serves_below_the_hot_models(catalogue_stack):
     hot = _nice(listing[FIRST]["pids"])
     assert len(hot) == 1, hot
     assert _nice(listing[cold]["pids"]) == {min(19, next(iter(hot)) + 10)}
+
+
+def test_a_replica_keeps_serving_its_resident_models_while_another_wakes(catalogue_stack):
+    """A wake starts an engine (seconds); the replica's loop must not wait on it: the resident
+    model's requests sent meanwhile keep being answered, never held back for the whole start."""
+    _make_resident(catalogue_stack, FIRST)
+    cold = next(m for m, e in _listing(catalogue_stack).items() if not e["resident"] and m in (SMALL, DEEP))
+    time.sleep(MIN_RESIDENT_S)  # the wake need not wait out a minimum residence
+    answered, stop = [], False
+
+    def poll():
+        with _client(catalogue_stack) as c:
+            while not stop:
+                r = c.post("/v1/chat/completions", json={"model": FIRST, "max_tokens": 2, "messages": [
+                    {"role": "user", "content": "hi"}]})
+                assert r.status_code == 200, r.text
+                answered.append(time.monotonic())
+
+    with ThreadPoolExecutor(1) as pool:
+        polling = pool.submit(poll)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        r = _chat(catalogue_stack, cold)
+        took = time.monotonic() - t0
+        stop = True
+        polling.result()
+    assert r.status_code == 200, r.text
+    during = [t0, *[t for t in answered if t0 < t < t0 + took], t0 + took]
+    gap = max(b - a for a, b in zip(during, during[1:]))
+    assert gap < 0.5 * took, f"the resident model went unanswered for {gap:.2f} s of a {took:.2f} s wake"
