@@ -10,10 +10,9 @@ engine core from a forkserver that preloaded `actors.standby_preload` (vLLM's
 engine core, CPU worker and model modules); that module also makes the engine
 core fork its worker instead of spawning it. Both forks then start with
 everything imported, and what is left of an engine start is loading the
-weights and allocating the KV cache. They start niced (and, if asked, in
-SCHED_IDLE), below the serving engines, and `serving_priority` lifts them
-once they serve. The forkserver is started at once, so its own imports
-happen while the replica starts, not at the first wake.
+weights and allocating the KV cache. They start niced, below the serving
+engines, and `serving_priority` lifts them once they serve. The forkserver is started at once, so
+its own imports happen while the replica starts, not at the first wake.
 
 Forking is safe here because the forkserver runs no OpenMP region before it
 forks: the hazard that makes vLLM spawn CPU workers (libgomp is not
@@ -30,20 +29,16 @@ PRELOAD = ["actors.standby_preload"]
 _context = None
 
 
-def use_standby(idle: bool = False):
-    """Routes this process's vLLM engine-core starts through the standby forkserver, starting it now;
-    with `idle`, the engines it forks start in SCHED_IDLE (`serving_priority` takes them out).
+def use_standby():
+    """Routes this process's vLLM engine-core starts through the standby forkserver, starting it now.
 
-    Changes process-wide state: vLLM's engine launcher's multiprocessing context, and the
-    forkserver's environment. Idempotent (the first call's `idle` holds); returns the context."""
+    Changes process-wide state: vLLM's engine launcher's multiprocessing context. Idempotent;
+    returns the context."""
     global _context
     if _context is None:
         import vllm.v1.engine.utils as launcher
         from multiprocessing import forkserver
 
-        from actors.standby_preload import WAKE_IDLE_ENV
-
-        os.environ[WAKE_IDLE_ENV] = "1" if idle else "0"  # the forkserver, started below, inherits it
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()
@@ -52,21 +47,16 @@ def use_standby(idle: bool = False):
     return _context
 
 
-def serving_priority(pids: list[int], below: int = 0, idle: bool = False) -> None:
+def serving_priority(pids: list[int], below: int = 0) -> None:
     """Gives every thread of `pids` (an engine's processes) this process's priority, or `below` nice
-    steps under it, in the normal scheduling class, or with `idle` in SCHED_IDLE (runs only when no
-    normal thread wants the core): a woken engine started niced, maybe idle (actors/standby_preload.py).
-    Where raising a priority is not permitted (it needs CAP_SYS_NICE or RLIMIT_NICE), threads keep
-    the lower one."""
+    steps under it: a woken engine started niced (actors/standby_preload.py). Where raising a priority
+    is not permitted (it needs CAP_SYS_NICE or RLIMIT_NICE), threads keep the lower one."""
     import psutil
 
     nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + below)
-    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
     for pid in pids:
         try:
             for thread in psutil.Process(pid).threads():
-                if os.sched_getscheduler(thread.id) != policy:
-                    os.sched_setscheduler(thread.id, policy, os.sched_param(0))
                 os.setpriority(os.PRIO_PROCESS, thread.id, nice)
         except (OSError, psutil.Error):
             continue

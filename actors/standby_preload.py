@@ -8,9 +8,8 @@ Every process of the chain dies with its parent: the forkserver with the
 replica that started it, an engine core with the forkserver, a worker with its
 engine core (Linux's parent-death signal, set again after every fork since a
 fork clears it). A replica killed outright leaves no engine behind. And
-every engine starts at nice WAKE_NICE (and in SCHED_IDLE where the host asks
-for it), so a cold model's start takes the cores the serving models leave;
-the host puts it back once it serves.
+every engine starts at nice WAKE_NICE, so a cold model's start takes the
+cores the serving models leave; the host puts it back once it serves.
 """
 
 from __future__ import annotations
@@ -42,15 +41,10 @@ def die_with_parent() -> None:
 WAKE_NICE = 10  # an engine starts below the serving engines' priority (fast_start.serving_priority undoes it)
 
 
-WAKE_IDLE_ENV = "BATON_WAKE_IDLE"  # "1": an engine also starts in SCHED_IDLE (set by fast_start.use_standby)
-
-
 def _in_child() -> None:
     die_with_parent()
     try:  # absolute, so the worker forked from a niced engine core is not niced twice
         os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), WAKE_NICE))
-        if os.environ.get(WAKE_IDLE_ENV) == "1":  # before any thread starts: every later one inherits it
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except OSError:
         pass
 

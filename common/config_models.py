@@ -94,11 +94,6 @@ class CatalogueConfig(_Strict):
         "run this much below the replica's priority, so the hot models keep the cores while cold "
         "ones are served (re-ranked as demand moves; needs the right to raise a priority back, else off); "
         "0: every engine at the replica's priority")
-    cold_idle: bool = Field(
-        True, description="CPU engines outside the hot set, and engines while they start, run in Linux's "
-        "SCHED_IDLE class: only on the CPU time the hot engines leave, and a hot engine's thread that wakes "
-        "takes the core from them at once (a nice level only shares it by weight); false: `cold_nice` alone. "
-        "Needs the same right as `cold_nice`, else off")
 
 
 def catalogue_models(cfg) -> list[CatalogueModel]:

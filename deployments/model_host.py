@@ -72,25 +72,24 @@ class ModelHost:
         self.resume_s: dict[str, float] = {}  # wakes from sleep, likewise
         self.swap = asyncio.Lock()
         self._waking: dict[str, asyncio.Task] = {}  # models waking for no request in particular
-        self._nice: dict[str, tuple] = {}  # resident model -> (nice steps below the replica, SCHED_IDLE)
+        self._nice: dict[str, int] = {}  # resident model -> nice steps its engine runs below the replica
         self._ranked_at = -math.inf  # when `_prioritise` last ranked the engines
-        self._rank = False  # whether engines are ranked by demand (`start`: CPU, cold_nice/idle, permitted)
+        self._rank = False  # whether engines are ranked by demand (`start`: CPU, cold_nice, permitted)
         self.on_usage = None  # set by the replica: every model's Finisher reports usage to it
         self.metrics = None  # the front's IngressMetrics, for wake and eviction counts
         self.events_replay = None  # no KV events: a catalogue's fronts serve their own engines
 
     async def start(self) -> None:
         """Starts the standby (if configured) and wakes the first model; raises if it cannot start."""
-        c = self.cfg.catalogue
-        self.sleep_level = sleep_level(c.sleep_level)
-        if (c.cold_nice or c.cold_idle) and not self.sleep_level:
+        self.sleep_level = sleep_level(self.cfg.catalogue.sleep_level)
+        if self.cfg.catalogue.standby and not self.sleep_level:
+            from actors.fast_start import use_standby
+
+            use_standby()
+        if self.cfg.catalogue.cold_nice and not self.sleep_level:
             from actors.fast_start import can_raise_priority
 
             self._rank = can_raise_priority()  # a demoted engine must be able to come back
-        if c.standby and not self.sleep_level:
-            from actors.fast_start import use_standby
-
-            use_standby(idle=self._rank and c.cold_idle)
         await self._wake(self.cfg.model.served_name, time.monotonic())
 
     # -- requests ---------------------------------------------------------------
@@ -188,20 +187,20 @@ class ModelHost:
 
     def _prioritise(self, now: float, force: bool = False) -> None:
         """Runs the engines of residency's hot set (`favoured`) at the replica's priority and the other
-        resident ones `catalogue.cold_nice` steps below it, in SCHED_IDLE with `catalogue.cold_idle`, so
-        the hot models keep the cores while cold ones are served; CPU engines only. Re-ranks at most
-        once a second unless `force`. Changes the engines' threads' priorities and scheduling class."""
+        resident ones `catalogue.cold_nice` steps below it, so the hot models keep the cores while cold
+        ones are served; CPU engines only. Re-ranks at most once a second unless `force`. Changes the
+        engines' threads' priorities."""
         if not self._rank or (not force and now - self._ranked_at < 1.0):
             return
         from actors.fast_start import serving_priority
 
         self._ranked_at = now
-        favoured, c = self.residency.favoured(now), self.cfg.catalogue
+        favoured = self.residency.favoured(now)
         for model, engine in self.engines.items():
-            level = (0, False) if model in favoured else (c.cold_nice, c.cold_idle)
-            if self._nice.get(model) != level:
-                serving_priority(_pids(engine), *level)
-                self._nice[model] = level
+            below = 0 if model in favoured else self.cfg.catalogue.cold_nice
+            if self._nice.get(model) != below:
+                serving_priority(_pids(engine), below)
+                self._nice[model] = below
 
     async def _resume(self, model: str) -> EngineApp | None:
         """Wakes `model`'s sleeping engine (reloading its weights after a level-2 sleep); None if it
