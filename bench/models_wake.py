@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +14,7 @@ import httpx
 from bench.models import MODELS, answer_once, chat_body, log, ratio, resident, scrape, stack_config
 from bench.models_plot import delta, rounded
 from bench.stack import StackProcess
-from common.constants import CORPUS, REPO_ROOT
+from common.constants import CORPUS
 from common.stats import percentile
 
 WAKE_MEMORY_GB = 0.6  # two of the wake stack's three models: each is 0.25 GiB of KV cache and 2-16 MB of weights
@@ -93,11 +92,8 @@ def vllm_start(args, workdir: Path, body: dict) -> dict:
 @contextmanager
 def started_fast(server):
     """Runs `server` (a bench.peers VllmServe) polling its /health every 50 ms, where entering it polls each
-    second: its start-up is what is timed. Stops it by PID on exit."""
-    server.log.parent.mkdir(parents=True, exist_ok=True)
-    with server.log.open("w") as out:
-        server.proc = subprocess.Popen(server.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=server.env, cwd=REPO_ROOT)
+    second: its start-up is what is timed. Stops it (its process group) on exit."""
+    server.spawn()
     try:
         while not _healthy(server.url):
             if server.proc.poll() is not None:

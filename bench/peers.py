@@ -12,6 +12,7 @@ Both are context managers that stop their process by PID.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +49,16 @@ class _Peer:
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self):
+    def spawn(self) -> None:
+        """Starts the server's process (sets `proc`), its output to `log`, in a process group of its own:
+        stopping the group stops what the server started too (vLLM's engine core)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env, cwd=REPO_ROOT)
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, cwd=REPO_ROOT, start_new_session=True)
+
+    def __enter__(self):
+        self.spawn()
         try:
             port_ready("127.0.0.1", self.port, self.proc, timeout=self.timeout_s, path=self.ready_path)
         except BaseException:
@@ -61,14 +67,26 @@ class _Peer:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Stops the server: SIGTERM to its process group; once the server exits (or after 60 s), SIGKILL
+        to what is left of the group."""
+        if self.proc is None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)  # whatever of the group is left, the server's children too
+        if self.proc.poll() is None:
             self.proc.wait(10)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
 
 
 class VllmServe(_Peer):

@@ -164,7 +164,19 @@ def cmd_bench(args) -> int:
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
                "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites,
                "autoscale": autoscale, "spec": spec}
+    interrupt_on_sigterm()
     return modules[args.what].main(args.extra)
+
+
+def interrupt_on_sigterm() -> None:
+    """Makes SIGTERM raise KeyboardInterrupt, as Ctrl-C does, so what a bench started (`vllm serve`,
+    stacks) is stopped by its `with` and `finally` blocks rather than left running. Changes this
+    process's SIGTERM handler."""
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def cmd_deploy(args) -> int:
