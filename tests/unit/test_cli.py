@@ -1,10 +1,13 @@
-"""The `baton` command rejects a bad config before starting anything."""
+"""The `baton` command: it rejects a bad config before starting anything, and a stopped bench
+stops what it started."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+from common.constants import REPO_ROOT
 
 BATON = Path(sys.executable).parent / "baton"
 
@@ -51,7 +54,7 @@ def test_a_bench_stopped_by_sigterm_stops_the_server_it_started(tmp_path):
     import psutil
 
     out = subprocess.run([sys.executable, "-c", STOPPED_BY_SIGTERM, str(tmp_path / "peer.log")],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert out.returncode != 0 and "KeyboardInterrupt" in out.stderr, out.stderr
     child = int(out.stdout.split()[0])
     try:
