@@ -39,10 +39,14 @@ from common.processes import free_ports
 
 interrupt_on_sigterm()
 port = free_ports(1)[0]
-peer = _Peer([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port, Path(sys.argv[1]), timeout_s=30)
+# The server starts a child of its own first (as vllm serve starts its engine core), and prints its PID.
+server = ("import runpy, subprocess, sys; kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+          f"print(kid.pid, flush=True); sys.argv = ['http.server', '{port}', '--bind', '127.0.0.1']; "
+          "runpy.run_module('http.server', run_name='__main__')")
+peer = _Peer([sys.executable, "-c", server], port, Path(sys.argv[1]), timeout_s=30)
 peer.ready_path = "/"
 with peer:
-    print(peer.proc.pid, flush=True)
+    print(peer.proc.pid, open(sys.argv[1]).read().split()[0], flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(30)
 """
@@ -50,15 +54,17 @@ with peer:
 
 def test_a_bench_stopped_by_sigterm_stops_the_server_it_started(tmp_path):
     """`baton bench` turns SIGTERM into an interrupt, so a peer server (as `vllm serve` in bench
-    serve) is stopped on the way out instead of outliving the bench."""
+    serve) and what it started are stopped on the way out instead of outliving the bench."""
     import psutil
 
     out = subprocess.run([sys.executable, "-c", STOPPED_BY_SIGTERM, str(tmp_path / "peer.log")],
                          capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert out.returncode != 0 and "KeyboardInterrupt" in out.stderr, out.stderr
-    child = int(out.stdout.split()[0])
+    started = [int(pid) for pid in out.stdout.split()[:2]]  # the server and the child it started
     try:
-        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        for pid in started:
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
     finally:
-        if psutil.pid_exists(child):  # left running: end it (by its PID) before failing
-            psutil.Process(child).kill()
+        for pid in started:
+            if psutil.pid_exists(pid):  # left running: end it (by its PID) before failing
+                psutil.Process(pid).kill()
