@@ -22,7 +22,9 @@ Per-pool autoscaling is read from an optional `autoscaling` section of each
 pool (`min_replicas`, `max_replicas`, `target_ongoing_requests`, and
 optionally `forecast`, common/config_autoscale.py); without one the fixed
 `replicas` apply. `baton up` applies the same section to its local stack
-(`autoscaling_overrides`).
+(`autoscaling_overrides`). Where both pools forecast with `app_level` on,
+`app_policy` gives Serve one application-level policy for both, and the app
+is deployed through Serve's config path (cluster/rollout.py).
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ def pool_autoscaling(pool: PoolConfig, name: str, kind: str | None = None,
     return out
 
 
-def _forecast(base: dict[str, Any], name: str, kind: str, raw, config_path) -> dict[str, Any]:
+def _forecast_section(name: str, raw, config_path):
+    """(ForecastAutoscaling, its capacity curves) of pool `name`'s forecast section."""
     from pydantic import ValidationError
 
     from common.config_autoscale import ForecastAutoscaling
@@ -132,10 +135,35 @@ def _forecast(base: dict[str, Any], name: str, kind: str, raw, config_path) -> d
 
     try:
         forecast = ForecastAutoscaling.model_validate(raw)
-        curves = capacity.load_for_config(config_path, forecast.capacity_file)
+        return forecast, capacity.load_for_config(config_path, forecast.capacity_file)
     except (ValidationError, ValueError, OSError) as exc:
         raise ConfigError(f"{name}.autoscaling.forecast: {exc}") from None
+
+
+def _forecast(base: dict[str, Any], name: str, kind: str, raw, config_path) -> dict[str, Any]:
+    forecast, curves = _forecast_section(name, raw, config_path)
     return autoscaling.forecast_autoscaling(base, kind, forecast, curves)
+
+
+def app_policy(cfg: BatonConfig, config_path: str | Path | None = None) -> dict[str, Any] | None:
+    """Serve's application-level autoscaling policy (AppForecastPolicy), or None.
+
+    Present when the config is disaggregated, both pools autoscale on a forecast,
+    and the decode pool's forecast has `app_level` on; the decode pool's section
+    then holds the settings for both, each pool keeping its own bounds. Deploying
+    with it goes through Serve's config path (cluster/rollout.py). Raises
+    ConfigError naming the field."""
+    if cfg.colocated:
+        return None
+    pools = plan(cfg, config_path)["pools"]
+    auto = {name: p["autoscaling"] for name, p in pools.items()}
+    if any(a is None or a["policy"]["policy_function"] != autoscaling.FORECAST_POLICY for a in auto.values()):
+        return None
+    forecast, curves = _forecast_section("decode", cfg.decode.autoscaling.forecast, config_path)
+    if not forecast.app_level:
+        return None
+    return autoscaling.app_autoscaling_policy(
+        {POOL_DEPLOYMENTS[name]: (name, a) for name, a in auto.items()}, forecast, curves)
 
 
 def plan(cfg: BatonConfig, config_path: str | Path | None = None) -> dict[str, Any]:
@@ -325,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in distribute_worker_config(cfg, worker_config):
             print(f"  {line}")
         serve.start(proxy_location="Disabled")  # decode replicas serve the public port
-        rollout(build(cfg, worker_config, path), Progress(total=0), args.timeout, wait=not args.no_wait)
+        rollout(build(cfg, worker_config, path), Progress(total=0), args.timeout, wait=not args.no_wait,
+                app_policy=app_policy(cfg, path))
         print(f"Baton is deployed: http://{head_ip}:{cfg.serve.port}/v1/chat/completions")
         return 0
     except (RuntimeError, TimeoutError, ConfigError) as exc:

@@ -101,7 +101,7 @@ class LocalStack:
     def _serve(self, worker_cfg: Path) -> None:
         from ray import serve
 
-        from cluster.deploy import autoscaling_overrides, rewrite
+        from cluster.deploy import app_policy, autoscaling_overrides, rewrite
         from deployments.app import build_app
 
         # No Serve HTTP proxy: decode replicas serve the public port themselves.
@@ -112,7 +112,8 @@ class LocalStack:
         app = build_app(self.cfg, worker_cfg, env, self._threads())
         scaled = autoscaling_overrides(self.cfg, self.config_path)  # pools with an `autoscaling` section
         try:
-            rollout(rewrite(app, scaled) if scaled else app, self.progress, ENGINE_WARMUP_TIMEOUT_S)
+            rollout(rewrite(app, scaled) if scaled else app, self.progress, ENGINE_WARMUP_TIMEOUT_S,
+                    app_policy=app_policy(self.cfg, self.config_path))
         finally:
             warmup.stop()
 

@@ -7,11 +7,9 @@ deployments/autoscaling.py) with these settings, Serve's own up/downscale
 delays set to 0 (the policy's guard rails replace them). With `app_level` on
 both pools (disaggregated), prefill and decode are decided together by one
 application-level policy; the decode pool's section then holds the settings.
-Serve takes an application-level policy only from a config-file deploy
-(`serve deploy`), not from `serve.run`, which `baton up` and `baton deploy`
-use; until Baton deploys that way, each pool runs its own forecast policy
-and `app_level` has no effect (the policy class, AppForecastPolicy, is
-tested inside Serve's wrappers but not deployed).
+Serve takes an application-level policy only from a config deploy, not from
+`serve.run`, so such an app is deployed through Serve's config path
+(cluster/rollout.py, under `baton up` and `baton deploy` alike).
 
 The capacity curve is read from `capacity_file`, else from
 `<config stem>.capacity.yaml` beside the config file, else the shipped curve
@@ -35,9 +33,9 @@ class ForecastAutoscaling(_Strict):
         "trend exponential smoothing; constant: the recent level, flat (a baseline)"
     )
     app_level: bool = Field(
-        True, description="disaggregated: prefill and decode decided together by one application-level "
-        "policy (Serve's autoscaling_policy of the application; not applied yet: serve.run takes none, so "
-        "each pool runs on its own signals); false: each pool on its own signals"
+        True, description="disaggregated, set on the decode pool with both pools forecast: prefill and "
+        "decode decided together by one application-level policy (Serve's autoscaling_policy of the "
+        "application; this section's settings, each pool's own bounds); false: each pool on its own signals"
     )
     engine_start_s: float = Field(60.0, gt=0, description="a new replica's start until it serves")
     slo_ttft_s: float = Field(1.5, gt=0, description="TTFT SLO the prefill pool is sized for")

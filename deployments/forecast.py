@@ -33,7 +33,6 @@ import warnings
 from collections import deque
 
 import numpy as np
-import pandas as pd
 
 MIN_FIT_BINS = 24  # fewer bins than this: models fall back to the recent mean
 TREND = "local linear trend"
@@ -179,6 +178,7 @@ class HoltForecaster(_FittedForecaster):
 
     @staticmethod
     def _model(y: np.ndarray):
+        import pandas as pd
         from statsmodels.tsa.exponential_smoothing.ets import ETSModel
 
         # A Series, not an array: ETSModel's prediction needs an index (statsmodels 0.15).

@@ -249,6 +249,33 @@ def test_pool_autoscaling_maps_to_serve():
             deploy.pool_autoscaling(_Pool(1, bad), "decode")
 
 
+@pytest.mark.parametrize("text, wanted", [
+    ("colocated: false\nprefill:\n  autoscaling: {forecast: {}}\ndecode:\n  autoscaling: {forecast: {}}\n", True),
+    ("colocated: false\nprefill:\n  autoscaling: {forecast: {}}\n"
+     "decode:\n  autoscaling: {forecast: {app_level: false}}\n", False),
+    ("colocated: false\nprefill:\n  autoscaling: {max_replicas: 2}\ndecode:\n  autoscaling: {forecast: {}}\n", False),
+    ("colocated: true\ndecode:\n  autoscaling: {forecast: {}}\n", False),
+])
+def test_the_app_level_policy_needs_both_pools_on_a_forecast(tmp_path, text, wanted):
+    """Prefill and decode are scaled together only where both forecast and decode's section
+    keeps `app_level` on; the policy then names both deployments, each with its own bounds."""
+    from ray.serve.config import AutoscalingPolicy
+
+    from deployments import autoscaling
+
+    path = tmp_path / "baton.yaml"
+    path.write_text(text.replace("prefill:\n  autoscaling: {forecast: {}}",
+                                 "prefill:\n  autoscaling: {max_replicas: 5, forecast: {}}"))
+    policy = deploy.app_policy(load_config(path, environ={}), path)
+    assert (policy is not None) == wanted
+    if wanted:
+        AutoscalingPolicy(**policy)  # Serve accepts it
+        pools = policy["policy_kwargs"]["pools"]
+        assert policy["policy_function"] == autoscaling.APP_POLICY and policy["policy_kwargs"]["lead"] == "decode"
+        assert pools["prefill"]["kind"] == "prefill" and pools["prefill"]["params"]["max_replicas"] == 5
+        assert pools["decode"]["params"]["max_replicas"] == 4
+
+
 def test_a_forecast_section_gives_the_pool_the_forecast_policy(tmp_path):
     """`autoscaling.forecast` swaps the policy for the forecast one, with Serve's delays at 0,
     the pool's kind and its capacity curve (the file beside the config when there is one)."""
