@@ -42,8 +42,9 @@ OPTIONAL = ("baton_disaggregated_two_step",)
 
 
 @contextmanager
-def started(system: str, workdir: Path, cfg):
-    """The system's base URL while it runs; stops it on exit."""
+def started(system: str, workdir: Path, cfg, speculation: str | None = None):
+    """The system's base URL while it runs; stops it on exit. `speculation`: a method
+    Baton's decode pool runs (common/config_spec.py); the peers never speculate."""
     if system == "vllm_serve":
         with VllmServe(cfg, workdir / "vllm-serve.log") as s:
             yield s.url
@@ -52,8 +53,9 @@ def started(system: str, workdir: Path, cfg):
             yield s.url
     else:
         routing = {"prefill_first_token": False} if system.endswith("two_step") else {}
+        decode = {"speculation": {"method": speculation}} if speculation else {}
         stack = StackProcess(write_config(workdir / system, colocated=system == "baton_colocated",
-                                          tracing={"exporter": "none"}, routing=routing))
+                                          tracing={"exporter": "none"}, routing=routing, decode=decode))
         stack.start()
         try:
             yield stack.url
@@ -61,11 +63,11 @@ def started(system: str, workdir: Path, cfg):
             stack.stop()
 
 
-def measure(system: str, workdir: Path, loads: dict[str, vllm_load.Workload]) -> dict:
+def measure(system: str, workdir: Path, loads: dict[str, vllm_load.Workload], speculation: str | None = None) -> dict:
     cfg = load_config(None, environ={})
     t0 = time.monotonic()
     print(f"  starting {system} ...", file=sys.stderr, flush=True)
-    with started(system, workdir, cfg) as url:
+    with started(system, workdir, cfg, speculation) as url:
         print(f"  {system} ready after {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
         out = {}
         for name, w in loads.items():
@@ -117,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--plot", type=Path, help="bar chart of req/s per system and round (PNG)")
+    p.add_argument("--speculation", choices=("ngram",), help="Baton's decode pool speculates with this method "
+                   "(to measure what turning it on by default would cost)")
     args = p.parse_args(argv)
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS + OPTIONAL):
@@ -125,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     loads = {"c8": vllm_load.Workload(args.requests, 8, args.input_len, args.output_len, seed=0),
              "c1": vllm_load.Workload(args.requests_c1, 1, args.input_len, args.output_len, seed=1)}
     workdir = bench_workdir("bench-serve")
-    doc: dict = {"workload": {k: vars(w) for k, w in loads.items()}, "rounds": []}
+    doc: dict = {"workload": {k: vars(w) for k, w in loads.items()}, "rounds": [],
+                 **({"baton_speculation": args.speculation} if args.speculation else {})}
     for n in range(args.rounds):
         print(f"round {n + 1}/{args.rounds}", file=sys.stderr, flush=True)
-        results = {s: measure(s, workdir / f"round{n + 1}", loads) for s in systems}
+        results = {s: measure(s, workdir / f"round{n + 1}", loads, args.speculation) for s in systems}
         doc["rounds"].append({"results": results, "vs_vllm_serve": ratios(results, "vllm_serve"),
                               "vs_ray_serve_llm_fast": ratios(results, "ray_serve_llm_fast")})
     text = json.dumps(doc)
