@@ -40,7 +40,7 @@ from deployments.api_keys import KeyTable
 from deployments.bodies import check_length, read_body
 from deployments.metrics import IngressMetrics
 from deployments.metrics_scrape import pool_metrics
-from deployments.model_routing import conversation_key
+from deployments.model_routing import prefix_keys
 from deployments.request_headers import deadline_of, tenant_of, tier_of
 from deployments.request_routing import RequestRouting, Route
 from deployments.schemas import APIError
@@ -173,9 +173,9 @@ class Front:
         if self.models is None:
             return await self._run(scope, receive, send, kind, body, tenant, permit, self.local)
         session = header(scope["headers"], SESSION_HEADER.encode()) or None
-        conversation = None if session else conversation_key(tenant, body)
+        prefixes = None if session else prefix_keys(tenant, body)
         if peer := await self.model_routing.peer(body["model"], session, self.models.resident_here(body["model"]),
-                                                 conversation):
+                                                 prefixes):
             # Its session's replica or a peer has it resident: it runs there (here, woken, if that peer fails).
             return await self._run(scope, receive, send, kind, body, tenant, permit, self.models, peer)
         local = await self._model_app(body["model"], scope, permit, tenant)

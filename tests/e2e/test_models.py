@@ -273,7 +273,7 @@ def test_a_session_stays_on_its_replica_within_a_model(pair_stack):
 
 
 def test_a_sessionless_conversation_stays_on_its_replica_within_a_model(pair_stack):
-    # No header: the conversation's opening is its key, so later turns (a longer conversation, on
+    # No header: the prompt's prefix blocks are its keys, so later turns (a longer conversation, on
     # new connections that reach either front) go back to the first turn's replica.
     messages = [{"role": "user", "content": "Remember the word heron."}]
     replicas, routes = set(), []
@@ -287,7 +287,26 @@ def test_a_sessionless_conversation_stays_on_its_replica_within_a_model(pair_sta
         messages = messages + [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
                                {"role": "user", "content": f"And turn {turn}?"}]
     assert len(replicas) == 1, routes
-    assert "conversation" in routes, routes  # some turns reached the other front and were sent back
+    assert "prefix" in routes, routes  # some turns reached the other front and were sent back
+
+
+def test_conversations_that_share_a_system_prompt_meet_its_cache_within_a_model(pair_stack):
+    # Different conversations, the same long system prompt: each new one goes where the prompt ran
+    # (a prefix of two blocks or more), and finds it in that engine's cache.
+    system = {"role": "system", "content": "You answer in one word. " * 60}
+    replicas, routes, cached = set(), [], []
+    for n in range(12):  # a new connection each: some reach the other front
+        body = {"model": FIRST, "messages": [system, {"role": "user", "content": f"Question {n}?"}],
+                "max_tokens": 4, "temperature": 0}
+        with _client(pair_stack, KEY_A) as c:
+            r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        replicas.add(r.json()["baton"]["decode_replica"])
+        routes.append(r.json()["baton"]["route"])
+        cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert len(replicas) == 1, routes
+    assert "prefix" in routes, routes
+    assert min(cached[1:]) > 0, cached  # every later conversation reused the system prompt's blocks
 
 
 def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pair_stack):
@@ -299,9 +318,9 @@ def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pai
         r = _chat(pair_stack, SMALL)
         assert r.status_code == 200, r.text
         routes.append(r.json()["baton"]["route"])
-    # Forwarded by one front ("model"; "conversation" once the first turn pinned these same messages
-    # as a sessionless conversation), run locally by the other.
-    assert {"model", "conversation"} & set(routes) and "colocated" in routes, routes
+    # Forwarded by one front ("model"; "prefix" once the first turn recorded where these same
+    # messages ran), run locally by the other.
+    assert {"model", "prefix"} & set(routes) and "colocated" in routes, routes
     assert {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")} == wakes
 
 
