@@ -232,16 +232,18 @@ def _entries(stack) -> dict[str, dict]:
     return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
-def _live_decode(stack) -> list[str]:
+def _live_decode(stack, entries: dict[str, dict] | None = None) -> list[str]:
+    """The decode replicas whose heartbeat is fresh, in `entries` (read now when None)."""
     timeout = stack.cfg["routing"]["replica_timeout_s"]
-    return [k for k, v in _entries(stack).items() if time.time() - v["ts"] <= timeout]
+    entries = _entries(stack) if entries is None else entries
+    return [k for k, v in entries.items() if time.time() - v["ts"] <= timeout]
 
 
 def _own_counts(stack, metric: str) -> dict[str, float]:
     """`metric` summed over its labels in each live decode replica's own metrics
     (its internal /baton/metrics; the public /metrics sums all replicas)."""
-    entries, out = _entries(stack), {}
-    for replica in _live_decode(stack):
+    entries, out = _entries(stack), {}  # one read: a replica may register between two
+    for replica in _live_decode(stack, entries):
         try:
             text = httpx.get(f"{entries[replica]['url']}/baton/metrics", timeout=10).text
         except httpx.TransportError:
