@@ -23,7 +23,9 @@ from common.config import load_config
 from common.constants import APP_NAME, RAY_NAMESPACE
 
 PUSH_ENV = "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"
-FORECAST = "{forecaster: constant, step_s: 1.0, window: 12, engine_start_s: 5.0, downscale_delay_s: 600}"
+# The default forecaster (statsmodels' fits, inside Serve's controller), on bins short enough to be
+# fit within the test: 24 bins of 0.5 s.
+FORECAST = "{step_s: 0.5, window: 40, refit_s: 5.0, engine_start_s: 5.0, downscale_delay_s: 600}"
 CONFIG = f"""\
 colocated: false
 prefill:
