@@ -12,7 +12,6 @@ own policy would keep it at one.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -54,26 +53,26 @@ class Pool:
 
 @pytest.fixture(scope="module")
 def serve_on_loopback():
-    from ray import cloudpickle
+    """A one-machine Ray on loopback with Serve, and this process's environment and Ray's
+    cluster switch as they were afterwards (the next module's `ray up` needs its cluster mode)."""
     import ray
-    from ray import serve
+    from ray import cloudpickle, serve
+    from ray._private import ray_constants
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Serve's build task cannot import tests/
-    before = os.environ.get(PUSH_ENV)
-    os.environ[PUSH_ENV] = "0.5"  # the replicas' push interval, read where they start
-    loopback.use_local_ray()
-    ray.init(num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="ERROR",
-             log_to_driver=False, runtime_env={"env_vars": {PUSH_ENV: "0.5", **loopback.env()}})
-    try:
-        serve.start(proxy_location="Disabled")
-        yield serve
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        if before is None:
-            os.environ.pop(PUSH_ENV, None)
-        else:
-            os.environ[PUSH_ENV] = before
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {**loopback.ray_env(), PUSH_ENV: "0.5"}.items():  # the push interval: the replicas'
+            mp.setenv(key, value)
+        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # what loopback.use_local_ray sets
+        ray.init(num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="ERROR",
+                 log_to_driver=False, runtime_env={"env_vars": {PUSH_ENV: "0.5", **loopback.env()}})
+        try:
+            serve.start(proxy_location="Disabled")
+            yield serve
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _running(serve, name: str) -> int:
