@@ -24,11 +24,13 @@ def cmd_up(args) -> int:
     from actors import engine_args
     from cluster.deploy import autoscaling_overrides
     from cluster.launcher import LocalStack, state_file
+    from common import cpu_slice
     from deployments import site_link
 
     cfg, source = _load(args)
     engine_args.validate(cfg, source)
     site_link.check(cfg, source)
+    cpu_slice.check(cfg, source)
     # A bad `autoscaling` section fails here, before anything starts.
     autoscaling_overrides(cfg, None if source == "<defaults>" else source)
     existing = state_file(cfg)

@@ -59,6 +59,9 @@ class ReplicaResources(_Strict):
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources, e.g. {prefill: 1}"
     )
+    cpu_quota: float | None = Field(
+        None, gt=0, description="cores of CPU time each replica may use, engine included (a cgroup quota: "
+        "common/cpu_slice.py; needs root or a delegated cgroup); null: no cap")
 
     def ray_actor_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}

@@ -29,7 +29,7 @@ import time
 from actors.finisher import Finisher
 from actors.heartbeat import Heartbeat
 from actors.openai_app import EngineApp
-from common import core_fence, tracing
+from common import core_fence, cpu_slice, tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
 from deployments.autoscaling import SignalMeter
@@ -111,6 +111,11 @@ class EngineReplica:
         import aiohttp
 
         core_fence.unfence()  # Ray may have started this process on the stack's fenced CPUs
+        quota = getattr(self.cfg, self.pool).resources.cpu_quota
+        if quota is not None:  # this process and the engine it starts: `quota` cores together
+            self.cpu_slice = cpu_slice.CpuSlice(f"replica-{self.replica}")
+            self.cpu_slice.limit(quota)
+            self.cpu_slice.join()
         if self.cfg.models:  # a catalogue: one engine per resident model (deployments/model_host.py)
             from deployments.model_host import ModelHost
 
@@ -264,3 +269,5 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
+        if getattr(self, "cpu_slice", None) is not None:
+            self.cpu_slice.close()
