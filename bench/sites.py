@@ -15,7 +15,9 @@ nearest_only:
     (the fleet's median nearest-neighbour RTT; the stricter per-origin
     ratio is reported next to it);
   - session keep (turn 2+ served on the session's site) within 2 points of
-    local_only's, the single-site run.
+    local_only's, the single-site run; where the answers report cached
+    tokens (``--local``), turns 2+'s cached share of their prompt at least
+    0.95 of the single-site run's instead.
 
     python -m bench.sites                                   # 70 sites, 5x at Frankfurt
     python -m bench.sites --out docs/bench_sites_sim.json --plot docs/img/bench_sites_sim.png
@@ -39,6 +41,7 @@ from routing.site_select import SiteSelectConfig
 
 TARGET_REDUCTION = 0.30
 KEEP_SLACK = 0.02
+CACHED_SHARE_RATIO = 0.95
 
 
 def _log(msg: str) -> None:
@@ -86,6 +89,9 @@ def targets(policies: dict[str, dict]) -> dict:
     hops = rn["added_rtt_hops"]["forwarded_p50_fleet_hops"]
     single = policies.get("local_only", {}).get("session_keep")
     keep = rn["session_keep"]
+    # Where answers report cached tokens (the local sites), sessions keeping their site is measured
+    # as the issue words it: turns 2+ find their prompt cached nearly as often as on a single site.
+    cached, cached_single = rn.get("turn2_cached_share"), policies.get("local_only", {}).get("turn2_cached_share")
     out = {
         "rejections_reduction": rej,
         "rejections_ok": rej is not None and rej >= TARGET_REDUCTION,
@@ -99,6 +105,9 @@ def targets(policies: dict[str, dict]) -> dict:
         "session_keep_single_site": single,
         "session_keep_ok": keep is not None and (single is None or keep >= single - KEEP_SLACK),
     }
+    if cached is not None and cached_single:
+        out["turn2_cached_share_vs_single_site"] = round(cached / cached_single, 3)
+        out["session_keep_ok"] = cached >= CACHED_SHARE_RATIO * cached_single
     out["met"] = all(v for k, v in out.items() if k.endswith("_ok"))
     return out
 
@@ -116,6 +125,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="--local: requests/s at each site before the hotspot; 0: from a measured service time")
     p.add_argument("--local-duration", type=float, default=60.0, help="--local: seconds of arrivals per policy")
     p.add_argument("--permits", type=int, default=2, help="--local: engine permits per site")
+    p.add_argument("--hot-load", type=float, default=None,
+                   help="--local: the hot site's offered requests over a site's measured capacity (base-rps 0); default 1.5")
+    p.add_argument("--site-cpu", type=float, default=None,
+                   help="--local: cores of CPU time per site (a cgroup quota); 0: none; default 0.5 where allowed")
     p.add_argument("--sites", type=int, default=SimConfig.sites, help="simulated sites (real cities), >= 2")
     p.add_argument("--hotspot", default=SimConfig.hotspot, help="the city that receives the hotspot")
     p.add_argument("--hotspot-factor", type=float, default=SimConfig.hotspot_factor,

@@ -7,17 +7,23 @@ Poisson arrivals at each site, `--hotspot-factor` times the base rate at
 site `a`: short chats, and sessions of 3 turns (2 s apart, each after the
 last answered) that resend their conversation with `x-session-affinity`.
 With `--base-rps 0` the rates come from one site's measured closed-loop
-throughput (`a` is offered HOT_LOAD times it). Every policy runs on fresh
+throughput, all three loaded at once (`a` is offered `--hot-load` times
+it). Every policy runs on fresh
 stacks (the site policy is a start-time setting) with the same arrivals.
 
 Per policy: 429s (out of capacity), each site's utilisation (its permits'
 busy fraction from its own probe answer, sampled every SAMPLE_S), max/mean
 utilisation, the round trip a forwarded request added (LINKS), and for
 turns 2+ the share served on their session's first site and their cached
-share of prompt tokens. The three sites share this machine's two cores:
-each engine runs one thread (ONE_THREAD), but their fronts and engine
-processes still contend, so a busy site slows the others, which real sites
-do not.
+share of prompt tokens.
+
+The three sites share this machine's two cores. Each engine runs one thread
+(ONE_THREAD), and with `--site-cpu` (the default where cgroups allow it:
+common/cpu_slice.py) each site's whole process tree gets a CPU quota of its
+own once it is up, so a site serves what its slice allows whatever the
+others do, as on separate machines. Without slices a busy site slows the
+others, which real sites do not, and spilling moves CPU between sites
+instead of adding any.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from common import cpu_slice
 from bench.delay_proxy import DelayProxy
 from bench.stack import StackProcess, bench_workdir, write_config
 from common.processes import free_ports
@@ -44,7 +51,13 @@ POLICIES = ("local_only", "nearest_only", "random_near")
 # so what one site serves is bounded by its own engine, as between real sites (a single-engine
 # stack otherwise binds its threads to every core, and three of them contend for the same ones).
 ONE_THREAD = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
-HOT_LOAD = 1.15  # the hot site's offered load over what one site serves alone (base_rps 0)
+# The hot site's offered requests over what a site serves with the others loaded (base_rps 0).
+# With a 5x hotspot each other site carries 0.3 of its capacity, and the hot site's excess (0.5)
+# takes most of what its nearest neighbour has spare (0.7): nearest-only leaves that neighbour
+# often full and the third site idle, random-near has two neighbours' spare (1.4) to draw on.
+HOT_LOAD = 1.5
+SITE_CPU = 0.5  # cores per site's slice: three sites take 1.5 of 2, the client and proxies the rest
+BUSY_TAU_S = 10.0  # sites.busy_tau_s: a session here lives 3 turns 2 s apart, about 10 s with answers
 CALIBRATE_S = 15.0
 SAMPLE_S = 0.25
 
@@ -64,8 +77,10 @@ def one_way(src: str, dst: str) -> float:
 class Sites:
     """Three stacks and their six delay proxies, started and stopped together."""
 
-    def __init__(self, policy: str, permits: int, workdir) -> None:
+    def __init__(self, policy: str, permits: int, workdir, site_cpu: float = 0.0) -> None:
         self.ports = dict(zip(SITES, free_ports(3)))
+        self.site_cpu = site_cpu
+        self.slices = {n: cpu_slice.CpuSlice(f"bench-sites-{n}") for n in SITES} if site_cpu else {}
         self.proxies = {(s, d): DelayProxy(self.ports[d], one_way(s, d)).start()
                         for s in SITES for d in SITES if s != d}
         (workdir / "site_token").write_text(TOKEN)
@@ -77,27 +92,37 @@ class Sites:
                 serve={"port": self.ports[name]},
                 admission={"capacity_per_replica": permits, "max_queue_per_tenant": permits},
                 sites={"name": name, "peers": peers, "token_file": str(workdir / "site_token"),
-                       "policy": policy, "probe_s": 0.5, "map_ttl_s": 3.0}))
+                       "policy": policy, "probe_s": 0.5, "map_ttl_s": 3.0, "busy_tau_s": BUSY_TAU_S}),
+                prefix=self.slices[name].prefix() if self.slices else None)
 
     def __enter__(self) -> "Sites":
         with ThreadPoolExecutor(len(SITES)) as pool:
             list(pool.map(lambda s: s.start(), self.stacks.values()))
+        for sl in self.slices.values():  # capped once up: engine start-up is not what is measured
+            sl.limit(self.site_cpu)
         return self
+
+    def throttled(self) -> dict[str, dict]:
+        """Per site, how often its slice ran out of CPU time (empty without slices)."""
+        return {n: sl.throttled() for n, sl in self.slices.items()}
 
     def __exit__(self, *exc) -> None:
         for s in self.stacks.values():
             s.stop()
         for p in self.proxies.values():
             p.close()
+        for sl in self.slices.values():
+            sl.close()
 
 
 def arrivals(rate_per_s: dict[str, float], duration_s: float, turns: int, seed: int) -> list[tuple]:
-    """(time, origin, session or None, turn) of every request: Poisson per site; a third of the
-    arrivals start a session whose later turns follow `turns` - 1 think times of 2 s."""
+    """(time, origin, session or None, turn) of every request, `rate_per_s` requests a second per
+    site: Poisson arrivals; a third of them start a session whose later turns follow `turns` - 1
+    think times of 2 s (so arrivals come at the rate over (2 + turns) / 3)."""
     rng, out = random.Random(seed), []
     for site, rate in rate_per_s.items():
         t, n = 0.0, 0
-        while (t := t + rng.expovariate(rate)) < duration_s:
+        while (t := t + rng.expovariate(rate * 3 / (2 + turns))) < duration_s:
             n += 1
             if n % 3 == 0:
                 out += [(t + 2.0 * k, site, f"{site}-s{n}", k) for k in range(turns)]
@@ -161,22 +186,47 @@ async def _drive(sites: Sites, plan: list[tuple]) -> tuple[list[dict], dict[str,
         return [r for rs in done for r in rs], busy
 
 
-async def _throughput(url: str, permits: int, seconds: float) -> float:
-    """Answers per second one site gives on its own, `permits` clients in a closed loop."""
-    count, deadline = [0], time.monotonic() + seconds
+async def _throughput(urls: list[str], permits: int, seconds: float) -> list[float]:
+    """Answers per second each site gives with all of them loaded at once, `permits` clients
+    each in a closed loop: a site's capacity while the others are busy too (and the client
+    costs what it will cost in the run)."""
+    counts, deadline = [0] * len(urls), time.monotonic() + seconds
 
-    async def client(http: httpx.AsyncClient, url: str, i: int) -> None:
+    async def client(http: httpx.AsyncClient, k: int, i: int) -> None:
         n = 0
         while time.monotonic() < deadline:
             n += 1
-            r = await http.post(f"{url}/v1/chat/completions",
-                                json={"model": "baton-tiny", "messages": messages(f"calibrate {url} {i} {n}"),
+            r = await http.post(f"{urls[k]}/v1/chat/completions",
+                                json={"model": "baton-tiny", "messages": messages(f"calibrate {k} {i} {n}"),
                                       "max_tokens": 16, "temperature": 0, "ignore_eos": True})
-            count[0] += r.status_code == 200
+            counts[k] += r.status_code == 200
     async with httpx.AsyncClient(timeout=120) as http:
         t0 = time.monotonic()
-        await asyncio.gather(*(client(http, url, i) for i in range(permits)))
-        return count[0] / (time.monotonic() - t0)
+        await asyncio.gather(*(client(http, k, i) for k in range(len(urls)) for i in range(permits)))
+        return [c / (time.monotonic() - t0) for c in counts]
+
+
+async def _counters(sites: Sites) -> dict[str, dict[str, int]]:
+    """The sites' own counts, summed: where their policy sent requests (by reason) and how the
+    requests they forwarded ended (served, refused, unreachable)."""
+    out: dict[str, dict[str, int]] = {"decisions": {}, "forwards": {}}
+    names = {"baton_site_decisions_total": ("decisions", "reason"),
+             "baton_site_forwards_total": ("forwards", "outcome")}
+    async with httpx.AsyncClient(timeout=10) as http:
+        for stack in sites.stacks.values():
+            try:
+                text = (await http.get(f"{stack.url}/metrics")).text
+            except httpx.HTTPError:
+                continue
+            for line in text.splitlines():
+                name, _, rest = line.partition("{")
+                if name not in names or "}" not in rest:
+                    continue
+                labels, _, value = rest.rpartition("}")
+                kind, key = names[name]
+                label = dict(kv.split("=", 1) for kv in labels.split(",") if "=" in kv).get(key, "").strip('"')
+                out[kind][label] = out[kind].get(label, 0) + int(float(value))
+    return out
 
 
 def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict:
@@ -212,29 +262,39 @@ def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict
 
 
 def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.0, duration_s: float = 60.0,
-              permits: int = 2, turns: int = 3, seed: int = 0) -> dict:
+              permits: int = 2, turns: int = 3, seed: int = 0, hot_load: float | None = None,
+              site_cpu: float | None = None) -> dict:
     """Runs every policy on fresh sites with the same arrivals; returns the report. `base_rps` 0:
-    `a` is offered HOT_LOAD times the answers per second one site gave on its own in a closed
-    loop (measured on the first policy's sites), each other site a `hotspot`-th of that."""
+    `a` is offered `hot_load` times the answers per second a site gave in a closed loop with the
+    others loaded too (measured on the first policy's sites), each other site a `hotspot`-th of that.
+    `site_cpu`: cores per site's CPU slice; None: SITE_CPU where cgroups allow it, else none; 0: none."""
+    hot_load = hot_load or HOT_LOAD
+    if site_cpu is None:
+        site_cpu = SITE_CPU if cpu_slice.available() else 0.0
+        if not site_cpu:
+            print("[bench sites --local] no writable cgroup here: the sites share the cores", file=sys.stderr)
     workdir = bench_workdir("bench-sites")
     report = {"sites": list(SITES), "one_way_s": {f"{a}-{b}": d for (a, b), d in LINKS.items()},
-              "duration_s": duration_s, "permits": permits, "policies": {}}
+              "duration_s": duration_s, "permits": permits, "site_cpu_cores": site_cpu or None,
+              "busy_tau_s": BUSY_TAU_S, "config": {"hotspot": "a", "hotspot_factor": hotspot}, "policies": {}}
     plan = None
     for policy in policies:
         print(f"[bench sites --local] {policy}: starting 3 sites", file=sys.stderr)
-        with Sites(policy, permits, workdir) as sites:
+        with Sites(policy, permits, workdir, site_cpu) as sites:
             time.sleep(3.0)  # a few probes: every site in every map
             if plan is None:
                 if not base_rps:
-                    report["site_capacity_rps"] = round(asyncio.run(_throughput(
-                        sites.stacks["b"].url, permits, CALIBRATE_S)), 2)
-                    base_rps = HOT_LOAD * report["site_capacity_rps"] / hotspot
+                    each = asyncio.run(_throughput([st.url for st in sites.stacks.values()], permits, CALIBRATE_S))
+                    report["site_capacity_each_rps"] = [round(x, 2) for x in each]
+                    report["site_capacity_rps"] = round(sum(each) / len(each), 2)
+                    base_rps = hot_load * report["site_capacity_rps"] / hotspot
                 report["rates_per_s"] = rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
                 plan = arrivals(rates, duration_s, turns, seed)
                 report["requests"] = len(plan)
             print(f"[bench sites --local] {policy}: {len(plan)} requests over {duration_s:.0f} s", file=sys.stderr)
             results, busy = asyncio.run(_drive(sites, plan))
-        report["policies"][policy] = summarize(results, busy)
+            throttled, counters = sites.throttled(), asyncio.run(_counters(sites))
+        report["policies"][policy] = {**summarize(results, busy), **counters, "cpu_throttled": throttled}
         print(f"[bench sites --local] {policy}: {report['policies'][policy]}", file=sys.stderr)
     return report
 
@@ -242,4 +302,4 @@ def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.0, du
 def run(args) -> dict:
     """bench/sites.py's `--local` mode."""
     return run_local(args.policies, args.hotspot_factor, args.base_rps, args.local_duration, args.permits,
-                     seed=args.seed)
+                     seed=args.seed, hot_load=args.hot_load, site_cpu=args.site_cpu)

@@ -139,7 +139,7 @@ class _Site:
 
     def view(self, t: float, service_s: float) -> SiteView:
         return SiteView(self.city.name, self.city.permits - self.busy, self.city.permits,
-                        self.wait_s(service_s), self.alive, min(1.0, self.avg_at(t)))
+                        self.wait_s(service_s), self.alive, min(1.0, self.avg_at(t)), as_of=t)
 
 
 class SiteSim:
@@ -203,7 +203,8 @@ class SiteSim:
                 self.heard[name] = t
             elif name in self.views and t - self.heard[name] > self.cfg.view_ttl_s and self.views[name].alive:
                 v = self.views[name]
-                self.views[name] = SiteView(name, v.permits_free, v.permits_total, v.queue_wait_s, False)
+                self.views[name] = SiteView(name, v.permits_free, v.permits_total, v.queue_wait_s, False,
+                                            as_of=v.as_of)
         self._push(t + self.cfg.view_period_s, _GOSSIP, None)
 
     def _down(self, t: float, i: int) -> None:

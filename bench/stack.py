@@ -78,8 +78,10 @@ def write_config(workdir: Path, **overrides) -> Path:
 
 
 class StackProcess:
-    def __init__(self, config: Path):
+    def __init__(self, config: Path, prefix: list[str] | None = None):
+        """`prefix`: a command that `baton up` is run under (common/cpu_slice.py's, say)."""
         self.config = config
+        self.prefix = list(prefix or [])
         self.cfg = yaml.safe_load(config.read_text())
         self.url = f"http://127.0.0.1:{self.cfg['serve']['port']}"
         self.log = config.parent / "baton-up.log"
@@ -93,7 +95,7 @@ class StackProcess:
     def start(self) -> None:
         """Starts `baton up`; returns once it printed its ready line."""
         out = open(self.log, "w")
-        self.proc = subprocess.Popen([str(BATON), "--config", str(self.config), "up"],
+        self.proc = subprocess.Popen([*self.prefix, str(BATON), "--config", str(self.config), "up"],
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -47,6 +47,8 @@ class SitesConfig(_Strict):
         "free capacity, only its nearest neighbour, or none (answer 429 as one site would)")
     probe_s: float = Field(1.0, gt=0, description="seconds between probes of every peer")
     map_ttl_s: float = Field(5.0, gt=0, description="a peer not heard from for this long drops out of the map")
+    busy_tau_s: float = Field(60.0, gt=0, description="time constant of the busy fraction a site reports "
+                              "averaged (its load for spilling): about a session's life")
     select: dict[str, Any] = Field(default_factory=dict,
                                    description="routing.site_select.SiteSelectConfig fields (near, backoff, ...)")
 

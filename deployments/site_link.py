@@ -50,7 +50,6 @@ SITE_HEADER = "x-baton-site"  # on answers: the site that served the request
 _PASSED = (SESSION_HEADER, "x-baton-deadline-s", "x-baton-tier")
 _SESSIONS = 65536
 UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
-BUSY_TAU_S = 60.0  # busy_avg's time constant: about a session's life (routing/site_select.py, rule 2)
 
 
 def check(cfg: BatonConfig, source: str) -> None:
@@ -100,13 +99,13 @@ class SiteLink:
             await asyncio.sleep(self.cfg.sites.probe_s)
 
     def _sample_busy(self) -> None:
-        """Folds the busy fraction now into `busy_avg` (an EWMA with time constant BUSY_TAU_S)."""
+        """Folds the busy fraction now into `busy_avg` (an EWMA with time constant `sites.busy_tau_s`)."""
         now, v = self.clock(), self.local_view()
         busy = 1.0 - v.permits_free / v.permits_total if v.permits_total else 1.0
         if self._busy_at is None:
             self.busy_avg = busy
         else:
-            self.busy_avg += (1.0 - math.exp(-(now - self._busy_at) / BUSY_TAU_S)) * (busy - self.busy_avg)
+            self.busy_avg += (1.0 - math.exp(-(now - self._busy_at) / self.cfg.sites.busy_tau_s)) * (busy - self.busy_avg)
         self._busy_at = now
 
     async def _probe(self, name: str, url: str) -> None:
@@ -127,7 +126,8 @@ class SiteLink:
         busy_avg = answer.get("busy_avg")
         self.views[name] = (SiteView(name, int(answer["permits_free"]), int(answer["permits_total"]),
                                      float(answer["queue_wait_s"]),
-                                     busy_avg=float(busy_avg) if busy_avg is not None else None), now)
+                                     busy_avg=float(busy_avg) if busy_avg is not None else None, as_of=now),
+                             now)
         if self.metrics is not None:
             self.metrics.site_rtt.labels(name).set(now - t0)
 

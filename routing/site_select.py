@@ -8,9 +8,13 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
 
 1. Session: a turn of a session goes back to the site that served its
    previous turn (its prefix cache is there) while that site can serve it:
-   alive, not backed off, reachable (an unexpired RTT), and a free permit or
-   a queue wait within ``max_queue_wait_s``. Sessions are never moved for
-   balance; balance is made with new work.
+   alive, reachable (an unexpired RTT), and a free permit or a queue wait
+   within ``max_queue_wait_s``; while it is backed off, only a view heard
+   after its last refusal that shows a free permit will do. A refusal is
+   often a queue that was full for a moment, and the session's prefix is
+   worth a round trip to find out (a turn refused there runs at its origin);
+   a site that stopped answering sends no newer view. Sessions are never moved for balance; balance is
+   made with new work.
 2. Local: the origin serves the request itself when it has a free permit
    and is not *hot*. Hot = its load is above ``spill_busy`` and some near
    site with a free permit is at least ``balance_margin`` less loaded (a
@@ -66,7 +70,8 @@ class SiteView:
     ``alive``: False once the site's reports have stopped. ``busy_avg``: the
     site's busy fraction (1 - free/total) averaged over about a session's life
     (an EWMA the site keeps); None where not reported, and ``load`` is then the
-    instantaneous fraction.
+    instantaneous fraction. ``as_of``: when the origin heard it (None: unknown, taken as
+    older than any refusal).
     """
 
     name: str
@@ -75,6 +80,7 @@ class SiteView:
     queue_wait_s: float = 0.0
     alive: bool = True
     busy_avg: float | None = None
+    as_of: float | None = None
 
     def __post_init__(self) -> None:
         if self.permits_total < 0 or not 0 <= self.permits_free <= self.permits_total:
@@ -166,18 +172,23 @@ class Backoff:
     def __init__(self, base_s: float, max_s: float) -> None:
         self.base_s = base_s
         self.max_s = max_s
-        self._state: dict[str, tuple[int, float]] = {}  # site -> (refusals in a row, skipped until)
+        self._state: dict[str, tuple[int, float, float]] = {}  # site -> (refusals in a row, until, last at)
 
     def refused(self, site: str, now: float) -> float:
         """Counts a refusal and skips ``site`` for base * 2**(refusals-1), capped; returns that duration."""
-        n = self._state.get(site, (0, now))[0] + 1
+        n = self._state.get(site, (0, now, now))[0] + 1
         span = min(self.base_s * 2.0 ** min(n - 1, 60), self.max_s)
-        self._state[site] = (n, now + span)
+        self._state[site] = (n, now + span, now)
         return span
 
     def served(self, site: str) -> None:
         """Ends ``site``'s backoff and forgets its refusals."""
         self._state.pop(site, None)
+
+    def heard_since(self, site: str, view: SiteView) -> bool:
+        """Whether ``view`` was heard after ``site``'s last refusal (True when it never refused). Reads only."""
+        state = self._state.get(site)
+        return state is None or (view.as_of is not None and view.as_of > state[2])
 
     def active(self, site: str, now: float) -> bool:
         """True while ``site`` is skipped. Reads only."""
@@ -244,10 +255,11 @@ class SiteSelector:
     def _session(self, origin: str, site: str, views: dict[str, SiteView], latency: LatencyMap,
                  now: float) -> SiteDecision | None:
         """Rule 1: the session's site if it can serve the turn, else None."""
-        rtt = latency.rtt(origin, site, now)
-        if rtt is None or (site != origin and self.backoff.active(site, now)):
+        rtt, view = latency.rtt(origin, site, now), views.get(site)
+        if rtt is None or not can_queue(view, self.config.max_queue_wait_s):
             return None
-        if not can_queue(views.get(site), self.config.max_queue_wait_s):
+        if (site != origin and self.backoff.active(site, now)
+                and not (view.permits_free > 0 and self.backoff.heard_since(site, view))):
             return None
         return SiteDecision(site, "session", rtt)
 

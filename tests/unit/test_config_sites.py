@@ -18,6 +18,7 @@ PEERS = "  peers: [{name: b, url: 'http://127.0.0.1:9001'}]\n"
     ("sites:\n  name: A!\n", "sites.name"),
     ("sites:\n  name: a\n  probe_s: 2\n  map_ttl_s: 3\n", "map_ttl_s must be at least twice probe_s"),
     ("sites:\n  name: a\n  policy: nearest\n", "sites.policy"),
+    ("sites:\n  name: a\n  busy_tau_s: 0\n", "sites.busy_tau_s"),
 ])
 def test_bad_sites_config_is_named_with_the_file(tmp_path, text, field):
     with pytest.raises(ConfigError) as err:

@@ -132,7 +132,14 @@ def test_backoff_skips_a_refusing_site_doubles_caps_and_clears():
     sel = selector(backoff_base_s=1.0, backoff_max_s=3.0, near_slack_s=0.1)
     sel.refused("a", now=0.0)
     assert sel.choose("o", v, lat, 0.5).site == "b"
+    # a session's site in backoff: left while its view predates the refusal ...
     assert sel.choose("o", v, lat, 0.5, session_site="a").site == "b"
+    # ... tried again (its prefix is there) once a view heard since shows a free permit ...
+    fresh = {**v, "a": SiteView("a", 10, 10, as_of=0.2)}
+    assert sel.choose("o", fresh, lat, 0.5, session_site="a") == SiteDecision("a", "session", pytest.approx(4 * MS))
+    # ... but not when that view offers only its queue
+    fresh = {**v, "a": SiteView("a", 0, 10, queue_wait_s=1.0, as_of=0.2)}
+    assert sel.choose("o", fresh, lat, 0.5, session_site="a").site == "b"
     assert not sel.backoff.active("a", 1.0)
     assert "a" in {sel.choose("o", v, lat, 1.0).site for _ in range(20)}
     sel.refused("a", now=1.0)  # 2 s

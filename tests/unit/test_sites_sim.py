@@ -113,3 +113,18 @@ def test_bench_main_prints_one_json_line_and_writes_out_and_plot(tmp_path, capsy
     assert json.loads(out.read_text())["policies"] == doc["policies"]
     assert png.stat().st_size > 10_000
     assert "sites" in BENCHES
+
+
+def test_local_targets_judge_sessions_by_their_cached_share_against_one_site():
+    from bench.sites import targets
+
+    def policy(rejected, util, keep, cached):
+        return {"rejected": rejected, "util_max_over_mean": util, "session_keep": keep, "turn2_cached_share": cached,
+                "added_rtt_ms": {"all_p50": 0.0}, "added_rtt_hops": {"forwarded_p50_fleet_hops": 1.0,
+                                                                      "forwarded_p50_origin_hops": None}}
+    runs = {"random_near": policy(4, 1.07, 0.96, 0.84), "nearest_only": policy(20, 1.6, 0.7, 0.66),
+            "local_only": policy(150, 1.9, 1.0, 0.87)}
+    t = targets(runs)
+    assert t["met"] and t["turn2_cached_share_vs_single_site"] == pytest.approx(0.84 / 0.87, abs=1e-3)
+    runs["random_near"] = policy(4, 1.07, 0.96, 0.80)  # 0.92 of the single site's
+    assert not targets(runs)["session_keep_ok"]
