@@ -18,10 +18,14 @@ the requests over the SLO, replica-seconds (running replicas integrated over
 the run), when the second replica was asked for and when it ran, and the
 series for the plot (bench/autoscale_plot.py).
 
-On a machine with few cores every replica shares them: a second replica
-adds no compute, and its engine's start takes CPU from the first. What the
-run shows there is when each policy acts on real signals, not what the
-extra replica buys.
+On a machine with few cores every replica shares them: uncapped, a second
+replica adds no compute, and its engine's start takes CPU from the first.
+So where cgroups allow it, each replica is capped at `--real-replica-cpu`
+cores (`resources.cpu_quota`, common/cpu_slice.py), as if each had a machine
+of its own, and one replica so capped is measured first
+(bench/autoscale_calibrate.py): the forecast sizes replicas by that curve,
+and the ramp runs from 0.5 to 4 times what one replica is planned to carry
+(unless `--real-low` and `--real-high` are given).
 """
 
 from __future__ import annotations
@@ -37,13 +41,26 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
+from bench import autoscale_calibrate
 from bench.autoscale_traces import Trace, ramp
 from bench.stack import StackProcess, bench_workdir, write_config
 from cluster import loopback
+from common import cpu_slice
 from common.constants import REPO_ROOT
+from deployments.scale_policy import PolicyParams
 
 PUSH_ENV = "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"
+REPLICA_CPU = 0.5  # cores per replica: three take 1.5 of 2, the client and Ray's daemons the rest
+# The ramp's ends, of one replica's planned rate: the top is beyond what one replica serves
+# within the SLO (measured: about 6 req/s where it plans 2), so reactive meets it late.
+LOW_SHARE, HIGH_SHARE = 0.5, 4.0
+# A colocated curve's service time is a whole answer (prefill and its 64 tokens of decode), not the
+# prefill that forecast.service_fraction's share of the TTFT SLO is meant for: most of the SLO
+# then. Not all of it: the rest is the queue wait beyond which the policy adds a replica at once
+# (with 1.0 any wait at all did, and the first run asked for its third replica at 8.5 s).
+SERVICE_FRACTION = 0.8
 CORPUS = ("tool", "result", "json", "status", "ok", "value", "agent", "session", "cache", "prefix",
           "token", "block", "replica", "forecast", "ramp", "serve")
 
@@ -67,19 +84,26 @@ def real_trace(args) -> Trace:
     return ramp(args.real_low, args.real_high, args.real_ramp, hold_s=math.inf, flat_s=args.real_warm)
 
 
-def _autoscaling(policy: str, max_replicas: int, slo_s: float, engine_start_s: float) -> dict:
-    section = {"min_replicas": 1, "max_replicas": max_replicas, "target_ongoing_requests": 4}
+def _autoscaling(policy: str, args) -> dict:
+    section = {"min_replicas": 1, "max_replicas": args.real_max_replicas, "target_ongoing_requests": 4}
     if policy == "forecast":
         section["forecast"] = {"forecaster": "kalman", "step_s": 2.0, "window": 60, "refit_s": 20.0,
-                               "engine_start_s": engine_start_s, "signal_lag_s": 1.0, "slo_ttft_s": slo_s,
+                               "engine_start_s": args.real_engine_start, "signal_lag_s": 1.0,
+                               "slo_ttft_s": args.slo, "service_fraction": SERVICE_FRACTION,
                                "downscale_delay_s": 30.0, "cooldown_s": 60.0}
+        if args.capacity_file:
+            section["forecast"]["capacity_file"] = str(args.capacity_file)
     return section
 
 
-async def _one(client: httpx.AsyncClient, url: str, i: int, rng: random.Random) -> tuple[float, float | None]:
+def _body(i: int, rng: random.Random) -> dict:
     words = " ".join(rng.choice(CORPUS) for _ in range(300))
-    body = {"model": "baton-tiny", "messages": [{"role": "user", "content": f"request {i}: {words}"}],
+    return {"model": "baton-tiny", "messages": [{"role": "user", "content": f"request {i}: {words}"}],
             "max_tokens": 64, "temperature": 0, "ignore_eos": True, "stream": True}
+
+
+async def _one(client: httpx.AsyncClient, url: str, i: int, rng: random.Random) -> tuple[float, float | None]:
+    body = _body(i, rng)
     t0 = time.monotonic()
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
@@ -118,8 +142,9 @@ def run_policy(policy: str, args, workdir: Path, seed: int = 0) -> dict:
     """One stack under `policy` in `workdir`, the ramp's load through it; the policy's figures
     and series."""
     os.environ[PUSH_ENV] = "1.0"  # inherited by `baton up` and so by Ray's processes
+    resources = {"cpu_quota": args.real_replica_cpu} if args.real_replica_cpu else {}
     stack = StackProcess(write_config(workdir, colocated=True, tracing={"exporter": "none"}, decode={
-        "replicas": 1, "autoscaling": _autoscaling(policy, args.real_max_replicas, args.slo, args.real_engine_start)}))
+        "replicas": 1, "resources": resources, "autoscaling": _autoscaling(policy, args)}))
     print(f"[autoscale --real] {policy}: starting the stack", file=sys.stderr, flush=True)
     stack.start()
     watcher = _watch(stack)
@@ -166,33 +191,66 @@ def summarise(policy: str, sent: list[tuple[float, float | None]], states: list[
     return {"requests": len(sent), "failed": sum(1 for _, x in sent if x is None), "ttft_slo_misses": len(misses),
             "ttft_p50_s": pct(0.5), "ttft_p99_s": pct(0.99), "replica_seconds": round(replica_s, 1),
             "direction_changes": {"decode": changes}, "second_replica_asked_s": first(asked, 1),
-            "second_replica_running_s": first(running, 1), "series": series}
+            "second_replica_running_s": first(running, 1), "most_replicas_asked": max((n for _, n in asked), default=0),
+            "series": series}
+
+
+def _prepare(args, workdir: Path) -> dict:
+    """The replica cap, the measured curve and the ramp's rates (set on `args`); what was measured."""
+    if args.real_replica_cpu is None:
+        args.real_replica_cpu = REPLICA_CPU if cpu_slice.available() else 0.0
+    args.capacity_file = None
+    if not args.real_replica_cpu and args.real_low and args.real_high:
+        return {}
+    args.capacity_file = autoscale_calibrate.calibrate(workdir, args.real_replica_cpu, args.real_calibrate_s,
+                                                       _one, _body(0, random.Random(0)))
+    curve = yaml.safe_load(args.capacity_file.read_text())["pools"]["colocated"]
+    planned = autoscale_calibrate.planned_rps(curve, PolicyParams(slo_ttft_s=args.slo,
+                                                                  service_fraction=SERVICE_FRACTION))
+    args.real_low = args.real_low or round(LOW_SHARE * planned, 2)
+    args.real_high = args.real_high or round(HIGH_SHARE * planned, 2)
+    return {"curve": curve, "planned_rps_per_replica": round(planned, 2)}
 
 
 def run_real(args) -> dict:
     """Both policies, forecast first; {"traces": {"ramp_real": ...}} as MODES wants."""
     policies, workdir = {}, bench_workdir("autoscale-real")
-    for policy in ("forecast", "reactive"):
-        policies[policy] = run_policy(policy, args, workdir / policy)
-        m = policies[policy]
-        print(f"[autoscale --real] {policy}: {m['ttft_slo_misses']} misses of {m['requests']}, "
-              f"TTFT p50 {m['ttft_p50_s']} s p99 {m['ttft_p99_s']} s, {m['replica_seconds']} replica-s, "
-              f"second replica asked at {m['second_replica_asked_s']} s, running at "
-              f"{m['second_replica_running_s']} s", file=sys.stderr, flush=True)
+    calibration = _prepare(args, workdir)
+    try:
+        for policy in ("forecast", "reactive"):
+            _run_one(policies, policy, args, workdir)
+    finally:
+        cpu_slice.sweep("replica-")
     trace = {"duration_s": args.real_duration, "low_rps": args.real_low, "high_rps": args.real_high,
              "warm_s": args.real_warm, "ramp_s": args.real_ramp, "policies": policies}
     return {"config": {"slo_ttft_s": args.slo, "max_replicas": args.real_max_replicas,
-                       "engine_start_s": args.real_engine_start, "metric_push_interval_s": 1.0},
+                       "engine_start_s": args.real_engine_start, "metric_push_interval_s": 1.0,
+                       "replica_cpu_cores": args.real_replica_cpu or None, "calibration": calibration},
             "traces": {"ramp_real": trace}}
+
+
+def _run_one(policies: dict, policy: str, args, workdir: Path) -> None:
+    policies[policy] = m = run_policy(policy, args, workdir / policy)
+    print(f"[autoscale --real] {policy}: {m['ttft_slo_misses']} misses of {m['requests']}, "
+          f"TTFT p50 {m['ttft_p50_s']} s p99 {m['ttft_p99_s']} s, {m['replica_seconds']} replica-s, "
+          f"second replica asked at {m['second_replica_asked_s']} s, running at "
+          f"{m['second_replica_running_s']} s", file=sys.stderr, flush=True)
 
 
 def add_arguments(p) -> None:
     """The --real run's options on `baton bench autoscale`'s parser."""
-    p.add_argument("--real-low", type=float, default=2.0, help="--real: requests/s before the ramp")
-    p.add_argument("--real-high", type=float, default=20.0, help="--real: requests/s at the ramp's top")
-    p.add_argument("--real-max-replicas", type=int, default=2, help="--real: the decode pool's bound")
+    p.add_argument("--real-low", type=float, default=None,
+                   help="--real: requests/s before the ramp; default: 0.5 of one replica's planned rate")
+    p.add_argument("--real-high", type=float, default=None,
+                   help="--real: requests/s at the ramp's top; default: 4 times one replica's planned rate")
+    p.add_argument("--real-replica-cpu", type=float, default=None,
+                   help=f"--real: cores per replica (resources.cpu_quota); 0: uncapped; default {REPLICA_CPU} "
+                   "where cgroups allow it")
+    p.add_argument("--real-calibrate-s", type=float, default=15.0,
+                   help="--real: seconds per batch size of the one-replica calibration")
+    p.add_argument("--real-max-replicas", type=int, default=3, help="--real: the decode pool's bound")
     p.add_argument("--real-warm", type=float, default=60.0, help="--real: seconds at the low rate first")
     p.add_argument("--real-ramp", type=float, default=120.0, help="--real: seconds of the rise")
-    p.add_argument("--real-duration", type=float, default=300.0, help="--real: seconds of load in all")
+    p.add_argument("--real-duration", type=float, default=420.0, help="--real: seconds of load in all")
     p.add_argument("--real-engine-start", type=float, default=45.0,
                    help="--real: a new replica's start to serving here, seconds (the forecast's look-ahead)")
