@@ -91,7 +91,8 @@ def targets(policies: dict[str, dict]) -> dict:
     keep = rn["session_keep"]
     # Where answers report cached tokens (the local sites), sessions keeping their site is measured
     # as the issue words it: turns 2+ find their prompt cached nearly as often as on a single site.
-    cached, cached_single = rn.get("turn2_cached_share"), policies.get("local_only", {}).get("turn2_cached_share")
+    cached = rn.get("turn2_cached_share")
+    cached_single = policies.get("local_only", {}).get("turn2_cached_share")
     out = {
         "rejections_reduction": rej,
         "rejections_ok": rej is not None and rej >= TARGET_REDUCTION,
@@ -126,7 +127,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--local-duration", type=float, default=60.0, help="--local: seconds of arrivals per policy")
     p.add_argument("--permits", type=int, default=2, help="--local: engine permits per site")
     p.add_argument("--hot-load", type=float, default=None,
-                   help="--local: the hot site's offered requests over a site's measured capacity (base-rps 0); default 1.5")
+                   help="--local: the hot site's offered requests over a site's measured capacity "
+                   "(base-rps 0); default 1.5")
     p.add_argument("--site-cpu", type=float, default=None,
                    help="--local: cores of CPU time per site (a cgroup quota); 0: none; default 0.5 where allowed")
     p.add_argument("--sites", type=int, default=SimConfig.sites, help="simulated sites (real cities), >= 2")

@@ -6,10 +6,10 @@ delays of LINKS, so their probes measure a small latency map. Open-loop
 Poisson arrivals at each site, `--hotspot-factor` times the base rate at
 site `a`: short chats, and sessions of 3 turns (2 s apart, each after the
 last answered) that resend their conversation with `x-session-affinity`.
-With `--base-rps 0` the rates come from one site's measured closed-loop
-throughput, all three loaded at once (`a` is offered `--hot-load` times
-it). Every policy runs on fresh
-stacks (the site policy is a start-time setting) with the same arrivals.
+With `--base-rps 0` the rates come from a site's measured closed-loop
+throughput, all three loaded at once (`a` is offered `--hot-load` times it,
+in requests). Every policy runs on fresh stacks (the site policy is a
+start-time setting) with the same arrivals.
 
 Per policy: 429s (out of capacity), each site's utilisation (its permits'
 busy fraction from its own probe answer, sampled every SAMPLE_S), max/mean
@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from common import cpu_slice
 from bench.delay_proxy import DelayProxy
 from bench.stack import StackProcess, bench_workdir, write_config
+from common import cpu_slice
 from common.processes import free_ports
 from common.constants import CORPUS
 from common.stats import percentile

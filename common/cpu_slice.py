@@ -1,16 +1,17 @@
 """A share of this machine's CPU time for one group of processes: a cgroup's CPU quota.
 
-Two users. A pool's `resources.cpu_quota` caps each of its replicas, engine
-included (`join` from the replica's own process): replicas that share a node
-then each compute with their own share, as on machines of their own, and one
-busy replica cannot starve the others. And `baton bench sites --local` runs
-three sites on one machine. Real sites each
-have machines of their own; here they share two cores, so a busy site slows
-the others, and sending work from a full site to an idle one moves CPU
-between them instead of adding any. Giving each site a slice (its whole
-process tree: `baton up`, Ray, Redis, Mooncake, the front and the engine)
-emulates separate machines, as the delay proxies emulate distance: a site
-serves what its slice allows, whatever the others do.
+Two users:
+
+- a pool's `resources.cpu_quota` caps each of its replicas, engine included
+  (the replica `join`s its own slice before it starts the engine): replicas
+  that share a node then each compute with their own share, as on machines
+  of their own, and one busy replica cannot starve the others;
+- `baton bench sites --local` runs three sites on one machine. Real sites
+  have machines of their own; sharing two cores, a busy site slows the
+  others, and sending work from a full site to an idle one moves CPU between
+  them instead of adding any. A slice per site (its whole process tree,
+  started through `prefix()`) emulates separate machines, as the delay
+  proxies emulate distance.
 
 A slice is a cgroup under the cgroup v1 `cpu` controller, or cgroup v2 where
 its `cpu` controller is enabled. It needs root (or a delegated cgroup);

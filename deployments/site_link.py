@@ -105,7 +105,8 @@ class SiteLink:
         if self._busy_at is None:
             self.busy_avg = busy
         else:
-            self.busy_avg += (1.0 - math.exp(-(now - self._busy_at) / self.cfg.sites.busy_tau_s)) * (busy - self.busy_avg)
+            keep = math.exp(-(now - self._busy_at) / self.cfg.sites.busy_tau_s)
+            self.busy_avg += (1.0 - keep) * (busy - self.busy_avg)
         self._busy_at = now
 
     async def _probe(self, name: str, url: str) -> None:

@@ -13,8 +13,8 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
    after its last refusal that shows a free permit will do. A refusal is
    often a queue that was full for a moment, and the session's prefix is
    worth a round trip to find out (a turn refused there runs at its origin);
-   a site that stopped answering sends no newer view. Sessions are never moved for balance; balance is
-   made with new work.
+   a site that stopped answering sends no newer view. Sessions are never
+   moved for balance; balance is made with new work.
 2. Local: the origin serves the request itself when it has a free permit
    and is not *hot*. Hot = its load is above ``spill_busy`` and some near
    site with a free permit is at least ``balance_margin`` less loaded (a
@@ -70,8 +70,8 @@ class SiteView:
     ``alive``: False once the site's reports have stopped. ``busy_avg``: the
     site's busy fraction (1 - free/total) averaged over about a session's life
     (an EWMA the site keeps); None where not reported, and ``load`` is then the
-    instantaneous fraction. ``as_of``: when the origin heard it (None: unknown, taken as
-    older than any refusal).
+    instantaneous fraction. ``as_of``: when the origin heard it (None: unknown,
+    taken as older than any refusal).
     """
 
     name: str
