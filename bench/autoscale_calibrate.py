@@ -3,14 +3,14 @@
 The forecast policy turns a forecast rate into replicas through a capacity
 curve (deployments/capacity.py). For the real run that curve must be the one
 of the replicas the run scales: the same CPU share (`resources.cpu_quota`,
-common/cpu_slice.py) and the same requests (streamed chats of about 400
-prompt tokens and 64 out, bench/autoscale_real.py). So before the policies
+common/cpu_slice.py) and the same requests (streamed chats of 300 words,
+about 800 prompt tokens, and 64 out, bench/autoscale_real.py). So before the policies
 run, one stack with one such replica serves closed loops of 1, 2, 4 and 8
 clients of those requests; the answers per second at each batch, times the
 prompt's tokens, are the colocated pool's curve, written as a capacity file
 that both policies' configs name. The ramp's rates are then set from what one
 replica is planned to carry by that curve (`planned_rps`), so the top of the
-ramp needs two replicas by the policy's own sizing.
+ramp needs more replicas than one by the policy's own sizing.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ controller, fed by the replicas' SignalMeter), `reactive` leaves it out
 (in_flight_policy with Serve's own delays). Both run the same open-loop load:
 Poisson arrivals whose rate follows a ramp (`--real-low` req/s, then a linear
 rise to `--real-high` over `--real-ramp` seconds, then held), each request a
-streamed chat of about 400 prompt tokens and 64 output tokens, its TTFT
+streamed chat of 300 words (804 prompt tokens) and 64 output tokens, its TTFT
 measured by the client. A Ray driver beside the stack reads Serve's replica
 states every second.
 

@@ -1,4 +1,5 @@
-"""common/cpu_slice.py: a site's CPU slice caps what its processes compute (a real cgroup; needs root)."""
+"""common/cpu_slice.py: a slice caps what its processes compute (a real cgroup; needs root), and a quota this
+machine cannot give is a config error."""
 
 from __future__ import annotations
 
