@@ -314,6 +314,10 @@ def test_a_bad_forecast_section_names_the_field(tmp_path):
     path.write_text("decode:\n  autoscaling: {forecast: {forecaster: prophet}}\n")
     with pytest.raises(ConfigError, match="forecaster"):
         load_config(path, environ={})
+    # all of the SLO for service leaves no queueing budget: any wait would add a replica
+    path.write_text("decode:\n  autoscaling: {forecast: {service_fraction: 1.0}}\n")
+    with pytest.raises(ConfigError, match="service_fraction"):
+        load_config(path, environ={})
 
 
 def test_deploy_overrides_pin_indexer_and_scale_pools(monkeypatch):
