@@ -209,6 +209,8 @@ async def _throughput(urls: list[str], permits: int, seconds: float) -> list[flo
 async def _counters(sites: Sites) -> dict[str, dict[str, int]]:
     """The sites' own counts, summed: where their policy sent requests (by reason) and how the
     requests they forwarded ended (served, refused, unreachable)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, dict[str, int]] = {"decisions": {}, "forwards": {}}
     names = {"baton_site_decisions_total": ("decisions", "reason"),
              "baton_site_forwards_total": ("forwards", "outcome")}
@@ -218,14 +220,11 @@ async def _counters(sites: Sites) -> dict[str, dict[str, int]]:
                 text = (await http.get(f"{stack.url}/metrics")).text
             except httpx.HTTPError:
                 continue
-            for line in text.splitlines():
-                name, _, rest = line.partition("{")
-                if name not in names or "}" not in rest:
-                    continue
-                labels, _, value = rest.rpartition("}")
-                kind, key = names[name]
-                label = dict(kv.split("=", 1) for kv in labels.split(",") if "=" in kv).get(key, "").strip('"')
-                out[kind][label] = out[kind].get(label, 0) + int(float(value))
+            for sample in (s for fam in text_string_to_metric_families(text) for s in fam.samples):
+                if sample.name in names:
+                    kind, key = names[sample.name]
+                    label = sample.labels.get(key, "")
+                    out[kind][label] = out[kind].get(label, 0) + int(sample.value)
     return out
 
 
