@@ -20,6 +20,7 @@ does it; `build()` does it on first use otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -69,6 +70,27 @@ def use_local_ray() -> None:
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+@contextlib.contextmanager
+def local_ray():
+    """`use_local_ray` for the block only: afterwards this process's environment and Ray's cluster
+    switch are as they were (a test module that starts its own one-machine Ray must not leave a
+    later module's multi-node `ray up` in that mode)."""
+    from ray._private import ray_constants
+
+    saved_env = {key: os.environ.get(key) for key in ray_env()}
+    saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+    use_local_ray()
+    try:
+        yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
 
 
 def env(exempt_ports: tuple[int, ...] = ()) -> dict[str, str]:

@@ -57,13 +57,10 @@ def serve_on_loopback():
     cluster switch as they were afterwards (the next module's `ray up` needs its cluster mode)."""
     import ray
     from ray import cloudpickle, serve
-    from ray._private import ray_constants
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Serve's build task cannot import tests/
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in {**loopback.ray_env(), PUSH_ENV: "0.5"}.items():  # the push interval: the replicas'
-            mp.setenv(key, value)
-        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # what loopback.use_local_ray sets
+    with pytest.MonkeyPatch.context() as mp, loopback.local_ray():
+        mp.setenv(PUSH_ENV, "0.5")  # the replicas' push interval, read where they start
         ray.init(num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="ERROR",
                  log_to_driver=False, runtime_env={"env_vars": {PUSH_ENV: "0.5", **loopback.env()}})
         try:

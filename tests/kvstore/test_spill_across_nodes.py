@@ -69,28 +69,28 @@ def two_nodes(tmp_path_factory):
     cfg = rig_config(workdir, kv_cache_gb=0.05, global_segment_size="64MB", spill_min_free="0")
     rig = KVRig(cfg, workdir)  # for its Mooncake master and store, and a client of the pool
     cluster = hosts = None
-    try:
-        mooncake_json = str(rig.start_store())
-        loopback.use_local_ray()  # every Ray server of both nodes on 127.0.0.1
-        node = {"num_cpus": 1, "node_ip_address": loopback.LOOPBACK, "include_dashboard": False}
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "resources": {"node_a": 1}})
-        cluster.add_node(**node, resources={"node_b": 1})
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        actor = ray.remote(EngineHost)
-        env = {"env_vars": loopback.env()}  # the engines' Mooncake transfer engines bind loopback too
-        hosts = [actor.options(num_cpus=0, resources={name: 1}, runtime_env=env)
-                 .remote(cfg.model_dump_json(), role, mooncake_json)
-                 for name, role in (("node_a", "prefill"), ("node_b", "decode"))]
-        nodes = ray.get([h.start.remote() for h in hosts], timeout=600)
-        yield rig, hosts, nodes
-    finally:
-        if hosts:
-            ray.get([h.shutdown.remote() for h in hosts], timeout=120)
-        if ray.is_initialized():
-            ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        rig.close()
+    with loopback.local_ray():  # every Ray server of both nodes on 127.0.0.1, for this module only
+        try:
+            mooncake_json = str(rig.start_store())
+            node = {"num_cpus": 1, "node_ip_address": loopback.LOOPBACK, "include_dashboard": False}
+            cluster = Cluster(initialize_head=True, head_node_args={**node, "resources": {"node_a": 1}})
+            cluster.add_node(**node, resources={"node_b": 1})
+            ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+            actor = ray.remote(EngineHost)
+            env = {"env_vars": loopback.env()}  # the engines' Mooncake transfer engines bind loopback too
+            hosts = [actor.options(num_cpus=0, resources={name: 1}, runtime_env=env)
+                     .remote(cfg.model_dump_json(), role, mooncake_json)
+                     for name, role in (("node_a", "prefill"), ("node_b", "decode"))]
+            nodes = ray.get([h.start.remote() for h in hosts], timeout=600)
+            yield rig, hosts, nodes
+        finally:
+            if hosts:
+                ray.get([h.shutdown.remote() for h in hosts], timeout=120)
+            if ray.is_initialized():
+                ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+            rig.close()
 
 
 def test_a_prefix_spilled_on_one_node_loads_on_another(two_nodes):
