@@ -50,6 +50,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from routing.queueing import erlang_c
+
 
 @dataclass(frozen=True)
 class Line:
@@ -235,22 +237,6 @@ def _medians(points: Iterable[tuple[float, float]]) -> dict[float, float]:
 
 
 # -- queueing --------------------------------------------------------------------
-
-
-def erlang_c(servers: int, offered: float) -> float:
-    """Probability that an arrival waits in M/M/c; ``offered`` = rate * E[S]."""
-    if servers < 1:
-        raise ValueError("need at least one server")
-    if offered <= 0:
-        return 0.0
-    if offered >= servers:
-        return 1.0
-    term, total = 1.0, 1.0  # a^k / k!, summed for k < c
-    for k in range(1, servers):
-        term *= offered / k
-        total += term
-    last = term * offered / servers * servers / (servers - offered)  # a^c/c! * c/(c-a)
-    return last / (total + last)
 
 
 def wait_tail(servers: int, rate: float, mean_s: float, cv2: float, t: float) -> float:

@@ -16,9 +16,12 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
    a site that stopped answering sends no newer view. Sessions are never
    moved for balance; balance is made with new work.
 2. Local: the origin serves the request itself when it has a free permit
-   and is not *hot*. Hot = its load is above ``spill_busy`` and some near
+   and is not *hot*. Hot = its load is above its spill point and some near
    site with a free permit is at least ``balance_margin`` less loaded (a
-   *cooler* site). Load is the busy fraction (1 - free/total) averaged over
+   *cooler* site). The spill point is ``spill_busy``, or lower for a small
+   site: the load at which a new request's chance of queueing there (Erlang
+   C over its permits) reaches ``spill_wait_chance``. A 2-permit site queues
+   a third of its arrivals at 0.47 busy; a 32-permit one at 0.86. Load is the busy fraction (1 - free/total) averaged over
    about a session's life (``SiteView.busy_avg``), or the instantaneous one
    where a site does not report the average. So a site spills only when it
    is loaded *and* a neighbour is better off: a 5x hotspot sheds to its
@@ -59,6 +62,7 @@ import random
 from dataclasses import dataclass
 
 from routing.latency_map import LatencyMap
+from routing.queueing import busy_at_wait_chance
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,10 @@ class SiteSelectConfig:
     # reach most of Europe. The averaged load moves slowly, so 5 points is not noise.
     spill_busy: float = 0.6
     balance_margin: float = 0.05
+    # ... but a small site queues at lower loads: it spills from where a new request's chance of
+    # waiting (Erlang C over its permits) reaches 0.3, if that comes before spill_busy. Sites of
+    # 4 permits or more reach it above 0.6, so only 1-3-permit sites spill earlier.
+    spill_wait_chance: float = 0.3
     # A queue wait is worth 1 s of free capacity: weight halves per second of reported wait.
     wait_scale_s: float = 1.0
     # Forwarding's own cost beyond the RTT (one more HTTP hop through a front).
@@ -154,10 +162,19 @@ class SiteSelectConfig:
             raise ValueError("near_slack_s, near_max_rtt_s, forward_overhead_s, max_queue_wait_s must be >= 0")
         if not 0.0 <= self.spill_busy <= 1.0 or not 0.0 <= self.balance_margin <= 1.0:
             raise ValueError("spill_busy and balance_margin must be in [0, 1]")
+        if not 0.0 < self.spill_wait_chance < 1.0:
+            raise ValueError("spill_wait_chance must be in (0, 1)")
         if self.wait_scale_s <= 0:
             raise ValueError("wait_scale_s must be > 0")
         if not 0 < self.backoff_base_s <= self.backoff_max_s:
             raise ValueError("need 0 < backoff_base_s <= backoff_max_s")
+
+    def spill_point(self, permits: int) -> float:
+        """The load above which a site of ``permits`` may spill: ``spill_busy``, or where a new
+        request's chance of queueing there reaches ``spill_wait_chance`` if that is lower."""
+        if permits < 1:
+            return self.spill_busy
+        return min(self.spill_busy, busy_at_wait_chance(permits, self.spill_wait_chance))
 
 
 def can_queue(view: SiteView | None, max_wait_s: float) -> bool:
@@ -270,7 +287,7 @@ class SiteSelector:
         cfg = self.config
         cands = [(n, r) for n, r in near if views[n].permits_free > 0]
         if local is not None and local.permits_free > 0:
-            if local.load <= cfg.spill_busy:
+            if local.load <= cfg.spill_point(local.permits_total):
                 return None
             # Hot only against a cooler neighbour: one at least balance_margin less loaded.
             cands = [(n, r) for n, r in cands if views[n].load <= local.load - cfg.balance_margin]

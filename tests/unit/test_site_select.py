@@ -60,6 +60,21 @@ def test_hot_site_spills_to_a_cooler_neighbour():
     assert selector().choose("o", v, lmap({"a": 4}), 0.0).reason == "local"
 
 
+def test_a_small_site_spills_from_where_its_requests_would_queue():
+    lat = lmap({"a": 4})
+    cfg = SiteSelectConfig()
+    assert cfg.spill_point(2) == pytest.approx(0.469, abs=0.002)  # Erlang C(2) reaches 0.3 there
+    assert cfg.spill_point(10) == cfg.spill_point(32) == 0.6  # large sites: spill_busy
+    # 2 permits, averaged 0.52 busy (under spill_busy): already hot against an idle neighbour
+    v = views(view("o", 1, 2, avg=0.52), view("a", 2, 2, avg=0.1))
+    assert selector().choose("o", v, lat, 0.0).site == "a"
+    # the same load on a 10-permit site is not hot
+    v = views(view("o", 5, 10, avg=0.52), view("a", 10, 10, avg=0.1))
+    assert selector().choose("o", v, lat, 0.0).reason == "local"
+    with pytest.raises(ValueError):
+        SiteSelectConfig(spill_wait_chance=1.0)
+
+
 def test_hot_rule_reads_the_averaged_load_when_reported():
     lat = lmap({"a": 4})
     # momentarily 0.9 busy, but averaged 0.4: not hot
