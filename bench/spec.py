@@ -67,9 +67,10 @@ def ensure_models() -> None:
     train_copy.ensure_default(log=_log)
 
 
-async def _one(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int) -> dict:
+async def _one(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int,
+               extra: dict | None = None) -> dict:
     body = {"model": "baton-tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     t0, first, text, tokens = time.monotonic(), None, [], 0
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
@@ -89,12 +90,14 @@ async def _one(client: httpx.AsyncClient, url: str, messages: list[dict], max_to
     return {"text": "".join(text), "tokens": tokens, "ttft": (first or end) - t0, "tpot": tpot}
 
 
-async def _run(url: str, chats: list[list[dict]], concurrency: int, max_tokens: int) -> list[dict]:
+async def _run(url: str, chats: list[list[dict]], concurrency: int, max_tokens: int,
+               extra: dict | None = None) -> list[dict]:
+    """Each chat once, `concurrency` at a time; `extra`: more fields of every request's body."""
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=300) as client:
         async def one(m):
             async with sem:
-                return await _one(client, url, m, max_tokens)
+                return await _one(client, url, m, max_tokens, extra)
         return await asyncio.gather(*(one(m) for m in chats))
 
 

@@ -1,0 +1,169 @@
+"""Speculative decoding on one GPU (issue 33): `vllm serve` of the copying model with each method, side by side.
+
+    python -m bench.spec_gpu OUT_DIR [--methods off ngram ngram_gpu draft eagle] [--cpu]
+
+The device machines lent to sessions have a GPU and no network, so only
+vLLM and its Python dependencies travel there (bench/gpu_payload.py), not
+Ray or the rest of the stack: each method is a fresh `vllm serve` of
+`models/baton-tiny-copy` on Baton's engine settings (bench/peers.py), one at
+a time, with `--speculative-config` as Baton's `decode.speculation` would
+pass it. Eager mode (no CUDA graphs), as `baton bench serve` runs the peers.
+
+Workloads (greedy, streamed): **tool-echo** at concurrency 1 and **free text**
+at concurrency 8, the held-out chats of `baton bench spec`; and **random**
+at concurrency 8: 300 random corpus words and 64 tokens out (`ignore_eos`),
+where nothing can be looked up, to show what a method costs when it cannot
+pay. Per method and workload: TPOT (the engine's own mean; the client's p50 beside it), answers identical to `off`, and
+vLLM's own speculation counters (`vllm:spec_decode_*`); and whether vLLM kept
+async scheduling (its start-up warning when it turns it off). Writes
+OUT_DIR/spec_gpu.json as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.sleep_gpu import ENGINE_ARGS, log
+from bench.spec import DRAFT, EAGLE, MODEL, _pct, _run, workloads
+
+SPEC = {"off": None,
+        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+        "ngram_gpu": {"method": "ngram_gpu", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                      "prompt_lookup_max": 4},
+        "draft": {"method": "draft_model", "num_speculative_tokens": 4, "model": str(DRAFT)},
+        "eagle": {"method": "eagle", "num_speculative_tokens": 4, "model": str(EAGLE)}}
+COUNTERS = {"drafts": "vllm:spec_decode_num_drafts_total", "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+            "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+            # the engine's own per-request TPOT (its decode time / (tokens - 1)): vllm serve's stream may
+            # deliver several tokens in one chunk when its server lags, which skews a client-side TPOT
+            "tpot_sum": "vllm:request_time_per_output_token_seconds_sum",
+            "tpot_count": "vllm:request_time_per_output_token_seconds_count"}
+RANDOM_WORDS, RANDOM_OUT = 300, 64
+
+
+def random_chats(n: int, seed: int = 7) -> list[list[dict]]:
+    from common.constants import CORPUS
+
+    words, rng = CORPUS.read_text().split(), random.Random(seed)
+    return [[{"role": "user", "content": " ".join(rng.choice(words) for _ in range(RANDOM_WORDS))}] for _ in range(n)]
+
+
+def counters(url: str) -> dict[str, float]:
+    """vLLM's speculation counters and TPOT histogram's sum and count, summed over their labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    names = {v: k for k, v in COUNTERS.items()}
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name in names:
+                totals[names[s.name]] += s.value
+    return totals
+
+
+def measure(url: str, loads: dict, max_tokens: int) -> dict:
+    out = {}
+    for name, (concurrency, chats) in loads.items():
+        before = counters(url)
+        t0 = time.monotonic()
+        extra, limit = ({"ignore_eos": True}, RANDOM_OUT) if name == "random" else (None, max_tokens)
+        answers = asyncio.run(_run(url, chats, concurrency, limit, extra))
+        took = time.monotonic() - t0
+        d = {k: v - before[k] for k, v in counters(url).items()}
+        tokens = sum(a.get("tokens", 0) for a in answers)
+        out[name] = {"requests": len(answers), "errors": sum(1 for a in answers if "error" in a),
+                     "tpot_mean_ms": round(1000 * d["tpot_sum"] / d["tpot_count"], 3) if d["tpot_count"] else None,
+                     "client_tpot_p50_ms": _pct([a.get("tpot") for a in answers], 0.5),
+                     "ttft_p50_ms": _pct([a.get("ttft") for a in answers], 0.5),
+                     "output_tokens_per_s": round(tokens / took, 1), "mean_tokens": round(tokens / len(answers), 1),
+                     **{f"spec_{k}": v for k, v in d.items()},
+                     "acceptance_rate": round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else None,
+                     "mean_accepted_length": round(1 + d["accepted_tokens"] / d["drafts"], 3) if d["drafts"] else None,
+                     "answers": [a.get("text") for a in answers]}
+        log(f"  {name}: TPOT mean {out[name]['tpot_mean_ms']} ms, acceptance {out[name]['acceptance_rate']}")
+    return out
+
+
+def run_method(method: str, cfg, outdir: Path, loads: dict, max_tokens: int, gpu: bool) -> dict:
+    from bench.models_wake import started_fast
+    from bench.peers import VllmServe
+
+    server = VllmServe(cfg, outdir / f"vllm_{method}.log", timeout_s=300)
+    if gpu:
+        server.argv += ["--gpu-memory-utilization", str(ENGINE_ARGS["gpu_memory_utilization"]),
+                        "--attention-backend", ENGINE_ARGS["attention_backend"]]
+    if SPEC[method]:
+        server.argv += ["--speculative-config", json.dumps(SPEC[method])]
+    t0 = time.monotonic()
+    try:
+        with started_fast(server):
+            res = {"start_s": round(time.monotonic() - t0, 1), **measure(server.url, loads, max_tokens)}
+    except (RuntimeError, httpx.HTTPError) as exc:
+        res = {"error": repr(exc)}
+    logtext = server.log.read_text(errors="replace") if server.log.exists() else ""
+    res["async_scheduling_off"] = "Async scheduling not supported" in logtext
+    res["log_tail"] = [x for x in logtext.splitlines() if "WARNING" in x or "ERROR" in x or "Error" in x][-12:]
+    return res
+
+
+def compare(results: dict) -> None:
+    base = results.get("off", {})
+    for method, res in results.items():
+        for name, w in res.items():
+            if not isinstance(w, dict) or not isinstance(base.get(name), dict):
+                continue
+            b = base[name]
+            for key in ("tpot_mean_ms", "output_tokens_per_s"):
+                if w.get(key) and b.get(key):
+                    w[key.removesuffix("_ms") + "_vs_off"] = round(w[key] / b[key], 3)
+            pairs = list(zip(w.get("answers") or [], b.get("answers") or []))
+            w["identical_to_off"] = round(sum(x == y for x, y in pairs) / max(1, len(pairs)), 4)
+    for res in results.values():
+        for w in res.values():
+            if isinstance(w, dict):
+                w.pop("answers", None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--methods", nargs="+", default=list(SPEC), choices=list(SPEC))
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--cpu", action="store_true", help="a dry run on CPU: no GPU engine arguments")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    from common.config import load_config
+
+    cfg_path = args.out / "spec_gpu.yaml"
+    cfg_path.write_text(yaml.safe_dump({"colocated": True, "model": {"path": str(MODEL)},
+                                        "decode": {"replicas": 1, "kv_cache_gb": 1.0}}))
+    cfg = load_config(cfg_path)
+    loads = {**workloads(40, 64), "random": (8, random_chats(64))}
+    doc: dict = {"model": str(MODEL), "max_tokens": args.max_tokens, "eager": True, "results": {}}
+    for method in ["off"] + [m for m in args.methods if m != "off"]:
+        log(f"{method}: starting vllm serve")
+        doc["results"][method] = run_method(method, cfg, args.out, loads, args.max_tokens, not args.cpu)
+        log(f"{method}: done ({doc['results'][method].get('error', 'ok')})")
+        (args.out / "spec_gpu_raw.json").write_text(json.dumps(doc))
+    compare(doc["results"])
+    (args.out / "spec_gpu.json").write_text(json.dumps(doc, indent=1))
+    log(json.dumps({m: {w: (r[w].get("tpot_mean_vs_off"), r[w].get("acceptance_rate"), r[w].get("identical_to_off"))
+                        for w in ("tool_echo", "free_text", "random") if isinstance(r.get(w), dict)}
+                    for m, r in doc["results"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    sys.exit(main())
