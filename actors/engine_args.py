@@ -26,9 +26,10 @@ _OWNED = {"model", "served_model_name", "dtype", "block_size", "max_model_len", 
           "speculative_config"}
 
 
-def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None) -> dict[str, Any]:
+def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None, gpu: bool = False) -> dict[str, Any]:
     """The AsyncEngineArgs keyword arguments for `role` (no vLLM import). `step_tokens`: a scheduler
-    step's prompt-token budget (actors/step_budget.py, CPU only), unless the pool's engine_args set one."""
+    step's prompt-token budget (actors/step_budget.py, CPU only), unless the pool's engine_args set one.
+    `gpu`: the engine runs on a CUDA GPU (speculation picks its GPU form)."""
     pool = cfg.prefill if role == "prefill" else cfg.decode
     kwargs: dict[str, Any] = {
         "model": str(cfg.model.resolved_path()),
@@ -45,7 +46,7 @@ def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None) 
         # node's memory is free, which fails with several engines per node.
         kwargs["kv_cache_memory_bytes"] = int(pool.kv_cache_gb * 2**30)
     if pool.speculation is not None and role != "prefill":  # prefill computes one token: nothing to speculate
-        kwargs["speculative_config"] = pool.speculation.vllm()
+        kwargs["speculative_config"] = pool.speculation.vllm(gpu)
         kwargs["disable_log_stats"] = False  # the acceptance counts come with the engine's stats
     if step_tokens:
         kwargs["max_num_batched_tokens"] = step_tokens
@@ -144,7 +145,7 @@ def build(cfg: BatonConfig, role: Role, topic: str | None = None, replay_endpoin
     step, pool = None, cfg.prefill if role == "prefill" else cfg.decode
     if current_platform.is_cpu() and "max_num_batched_tokens" not in pool.engine_args:
         step = step_budget.cpu_step_tokens(cfg.model.resolved_path(), pool.engine_args.get("max_num_seqs", 0))
-    kwargs = engine_kwargs(cfg, role, step)
+    kwargs = engine_kwargs(cfg, role, step, current_platform.is_cuda())
     if "kv_transfer_config" in kwargs:
         kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
     if topic:

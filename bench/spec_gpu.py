@@ -86,7 +86,8 @@ def measure(url: str, loads: dict, max_tokens: int) -> dict:
                      "ttft_p50_ms": _pct([a.get("ttft") for a in answers], 0.5),
                      "output_tokens_per_s": round(tokens / took, 1), "mean_tokens": round(tokens / len(answers), 1),
                      **{f"spec_{k}": v for k, v in d.items()},
-                     "acceptance_rate": round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else None,
+                     "acceptance_rate": (round(d["accepted_tokens"] / d["draft_tokens"], 4)
+                                         if d["draft_tokens"] else None),
                      "mean_accepted_length": round(1 + d["accepted_tokens"] / d["drafts"], 3) if d["drafts"] else None,
                      "answers": [a.get("text") for a in answers]}
         log(f"  {name}: TPOT mean {out[name]['tpot_mean_ms']} ms, acceptance {out[name]['acceptance_rate']}")

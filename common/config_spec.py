@@ -10,7 +10,10 @@ runner as well as on GPUs):
 - `ngram`: prompt lookup. The last `prompt_lookup_min`..`prompt_lookup_max`
   tokens are searched for earlier in the prompt and output, and what followed
   them there is proposed. No second model; pays off where answers repeat
-  their context (agents echoing tool output, code, JSON).
+  their context (agents echoing tool output, code, JSON). On a CUDA GPU it
+  runs as vLLM's `ngram_gpu`: the same lookup on the GPU, which keeps
+  vLLM's async scheduling on (the CPU lookup turns it off; measured on an
+  H200 in docs/benchmarks.md, `baton bench spec`).
 - `draft`: a small model of the same tokenizer (`draft_model`, a local
   directory) proposes; `cluster/train_copy.py` trains one for the default
   copying model.
@@ -63,10 +66,11 @@ class SpeculationConfig(_Strict):
             return f"{self.draft_model}: no config.json there"
         return None
 
-    def vllm(self) -> dict[str, Any]:
-        """vLLM's `speculative_config` for this section."""
-        out: dict[str, Any] = {"method": VLLM_METHOD[self.method],
-                               "num_speculative_tokens": self.num_speculative_tokens}
+    def vllm(self, gpu: bool = False) -> dict[str, Any]:
+        """vLLM's `speculative_config` for this section; `gpu`: for an engine on a CUDA GPU, where
+        `ngram` runs as vLLM's `ngram_gpu` (the lookup on the GPU, async scheduling kept on)."""
+        method = "ngram_gpu" if gpu and self.method == "ngram" else VLLM_METHOD[self.method]
+        out: dict[str, Any] = {"method": method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "ngram":
             out.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
         else:

@@ -21,9 +21,10 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
    *cooler* site). The spill point is ``spill_busy``, or lower for a small
    site: the load at which a new request's chance of queueing there (Erlang
    C over its permits) reaches ``spill_wait_chance``. A 2-permit site queues
-   a third of its arrivals at 0.47 busy; a 32-permit one at 0.86. Load is the busy fraction (1 - free/total) averaged over
-   about a session's life (``SiteView.busy_avg``), or the instantaneous one
-   where a site does not report the average. So a site spills only when it
+   a third of its arrivals at 0.47 busy; a 32-permit one at 0.86. Load is
+   the busy fraction (1 - free/total) averaged over about a session's life
+   (``SiteView.busy_avg``), or the instantaneous one where a site does not
+   report the average. So a site spills only when it
    is loaded *and* a neighbour is better off: a 5x hotspot sheds to its
    ring, the ring, now loaded, sheds its own new work one hop further, and
    the excess diffuses over several hops while each request makes one.

@@ -23,6 +23,8 @@ def test_ngram_reaches_the_decode_engines_only(tmp_path):
     assert "speculative_config" not in engine_kwargs(cfg, "prefill")
     cfg, _ = _cfg(tmp_path, "colocated: true\ndecode:\n  speculation: {method: ngram}\n")
     assert engine_kwargs(cfg, "colocated")["speculative_config"]["method"] == "ngram"
+    # on a CUDA GPU the lookup runs there (vLLM's ngram_gpu), which keeps async scheduling on
+    assert engine_kwargs(cfg, "colocated", gpu=True)["speculative_config"]["method"] == "ngram_gpu"
     assert "speculative_config" not in engine_kwargs(load_config(None, environ={}), "colocated")
 
 
