@@ -25,7 +25,8 @@ Policies Serve calls (`autoscaling_config.policy.policy_function`):
 - `PoolForecastPolicy` (`FORECAST_POLICY`): a class; Ray 2.60 instantiates it
   once per deployment with `policy_kwargs` and calls it every control-loop tick,
   so the forecaster and guard rails live on the instance between calls. The
-  returned `policy_state` only carries the last decision's figures, for logs.
+  returned `policy_state` only carries the last decision's figures; a move is
+  logged to the controller's log with what the pool needed and the signals read.
 - `AppForecastPolicy` (`APP_POLICY`): Serve's application-level policy (the
   application's `autoscaling_policy` in a Serve config): one call with every
   autoscaled deployment's context, prefill and decode decided together from one
@@ -39,8 +40,11 @@ imported there (Baton is installed on every node).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+log = logging.getLogger("ray.serve")  # the controller's log: serve/controller_*.log
 
 METRIC = "ongoing"
 ARRIVALS = "arrivals"
@@ -169,6 +173,17 @@ def _bound(policy, ctx) -> None:
     policy.rails.hi = ctx.capacity_adjusted_max_replicas
 
 
+def _log_change(name: str, current: int, wanted: int, policy, s) -> None:
+    """One controller log line when a forecast policy moves a pool: what it needed and why
+    (the forecast, the queue wait it read). Changes nothing else."""
+    if wanted == current or policy.last is None:
+        return
+    need = policy.last
+    detail = {k: round(v, 2) if isinstance(v, float) else v for k, v in need.detail.items()}
+    log.info("baton autoscaling %s: %d -> %d at t=%.1f (now %d, ahead %d, urgent %s, hold %d, queue wait %s s, %s)",
+             name, current, wanted, s.t, need.now, need.ahead, need.urgent, need.hold, s.queue_wait_s, detail)
+
+
 def _state(policy) -> dict[str, Any]:
     need = policy.last
     return {} if need is None else {"baton_need": {"now": need.now, "ahead": need.ahead, "hold": need.hold,
@@ -190,7 +205,9 @@ class PoolForecastPolicy:
         if ctx.current_num_replicas == 0:
             return ctx.target_num_replicas, {}
         _bound(self.policy, ctx)
-        n = self.policy.decide(signals_from(ctx, self.kind), ctx.target_num_replicas)
+        signals = signals_from(ctx, self.kind)
+        n = self.policy.decide(signals, ctx.target_num_replicas)
+        _log_change(self.kind, ctx.target_num_replicas, n, self.policy, signals)
         return n, _state(self.policy)
 
 
@@ -225,6 +242,8 @@ class AppForecastPolicy:
         if set(signals) != set(self.app.pools):
             return {}, {}
         counts = self.app.decide(signals, current)
+        for name in counts:
+            _log_change(name, current[name], counts[name], self.app.pools[name], signals[name])
         return ({dep: counts[name] for name, (dep, _) in by_name.items()},
                 {dep: _state(self.app.pools[name]) for name, (dep, _) in by_name.items()})
 

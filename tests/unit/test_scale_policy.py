@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -191,7 +192,7 @@ def _ctx(dep, reps, target, t, agg, raw, config, state=None):
         last_scale_down_time=None, current_time=t, config=config)
 
 
-def test_pool_policy_runs_inside_serves_wrapper():
+def test_pool_policy_runs_inside_serves_wrapper(caplog):
     from ray.serve._private.autoscaling_state import _resolve_policy_callable
     from ray.serve._private.common import DeploymentID, ReplicaID, TimeStampedValue
     from ray.serve.autoscaling_policy import _apply_autoscaling_config
@@ -205,12 +206,20 @@ def test_pool_policy_runs_inside_serves_wrapper():
     dep = DeploymentID(name="decode", app_name="default")
     reps = [ReplicaID(unique_id="r0", deployment_id=dep)]
     n, state = 1, {}
-    for k in range(40):  # 20 req/s of 64 output tokens: 1280 tokens/s, 0.8 x 414.55 each -> 4
-        t = 1000.0 + 5 * k
-        raw = {glue.ARRIVALS: {reps[0]: [TimeStampedValue(t, 100.0 * k)]}}
-        agg = {glue.METRIC: {reps[0]: 5.0}, glue.OUTPUT_TOKENS: {reps[0]: 64.0}}
-        n, state = policy(_ctx(dep, reps, n, t, agg, raw, conf, state))
+    serve_log = logging.getLogger("ray.serve")  # Ray's loggers do not propagate to the root's
+    serve_log.addHandler(caplog.handler)
+    try:
+        for k in range(40):  # 20 req/s of 64 output tokens: 1280 tokens/s, 0.8 x 414.55 each -> 4
+            t = 1000.0 + 5 * k
+            raw = {glue.ARRIVALS: {reps[0]: [TimeStampedValue(t, 100.0 * k)]}}
+            agg = {glue.METRIC: {reps[0]: 5.0}, glue.OUTPUT_TOKENS: {reps[0]: 64.0}}
+            with caplog.at_level("INFO", logger="ray.serve"):
+                n, state = policy(_ctx(dep, reps, n, t, agg, raw, conf, state))
+    finally:
+        serve_log.removeHandler(caplog.handler)
     assert n == 4 and state["baton_need"]["ahead"] == 4
+    moves = [r.getMessage() for r in caplog.records if "baton autoscaling decode" in r.getMessage()]
+    assert moves and "-> 4" in moves[-1] and "forecast_rps" in moves[-1]  # each move says why
 
 
 def test_app_policy_runs_inside_serves_app_level_wrapper():
