@@ -21,10 +21,10 @@ the forecast *level*, so `predict(h, z)` can return an upper quantile of the
 rate itself: the model's observation noise (one bin's scatter about the level,
 Poisson noise at low rates) is left out, since capacity is planned for the
 rate over many bins, not for one bin's count. On 2 s bins of a 1.4 req/s load
-that noise is most of a one-bin forecast's error (about 0.87 of 0.9 req/s). Model work happens when
-a bin closes: one fit per `refit_s`, one pass and one forecast path (up to
-`max_horizon_s`) per bin, whatever the caller's sample rate; `predict` reads the
-stored path. statsmodels brings scipy into the environment, which vLLM's engine
+that noise is most of a one-bin forecast's error (about 0.87 of 0.9 req/s).
+Model work happens when a bin closes: one fit per `refit_s`, one pass and one
+forecast path (up to `max_horizon_s`) per bin, whatever the caller's sample
+rate; `predict` reads the stored path. statsmodels brings scipy into the environment, which vLLM's engine
 imports load whenever it is installed; `bench serve` was measured with it
 (docs/benchmarks.md).
 Pure logic: no clock, no Ray.
