@@ -128,7 +128,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--permits", type=int, default=2, help="--local: engine permits per site")
     p.add_argument("--hot-load", type=float, default=None,
                    help="--local: the hot site's offered requests over a site's measured capacity "
-                   "(base-rps 0); default 1.5")
+                   "(base-rps 0); default 1.4")
     p.add_argument("--site-cpu", type=float, default=None,
                    help="--local: cores of CPU time per site (a cgroup quota); 0: none; default 0.5 where allowed")
     p.add_argument("--sites", type=int, default=SimConfig.sites, help="simulated sites (real cities), >= 2")
