@@ -1,13 +1,14 @@
 """Speculative decoding on one GPU (issue 33): `vllm serve` of the copying model with each method, side by side.
 
-    python -m bench.spec_gpu OUT_DIR [--methods off ngram ngram_gpu draft eagle] [--cpu]
+    python -m bench.spec_gpu OUT_DIR [--methods off ngram ngram_gpu draft eagle] [--graphs] [--cpu]
 
 The device machines lent to sessions have a GPU and no network, so only
 vLLM and its Python dependencies travel there (bench/gpu_payload.py), not
 Ray or the rest of the stack: each method is a fresh `vllm serve` of
 `models/baton-tiny-copy` on Baton's engine settings (bench/peers.py), one at
 a time, with `--speculative-config` as Baton's `decode.speculation` would
-pass it. Eager mode (no CUDA graphs), as `baton bench serve` runs the peers.
+pass it. Eager mode (no CUDA graphs), as `baton bench serve` runs the peers,
+unless `--graphs`.
 
 Workloads (greedy, streamed): **tool-echo** at concurrency 1 and **free text**
 at concurrency 8, the held-out chats of `baton bench spec`; and **random**
@@ -94,7 +95,7 @@ def measure(url: str, loads: dict, max_tokens: int) -> dict:
     return out
 
 
-def run_method(method: str, cfg, outdir: Path, loads: dict, max_tokens: int, gpu: bool) -> dict:
+def run_method(method: str, cfg, outdir: Path, loads: dict, max_tokens: int, gpu: bool, graphs: bool = False) -> dict:
     from bench.models_wake import started_fast
     from bench.peers import VllmServe
 
@@ -102,6 +103,8 @@ def run_method(method: str, cfg, outdir: Path, loads: dict, max_tokens: int, gpu
     if gpu:
         server.argv += ["--gpu-memory-utilization", str(ENGINE_ARGS["gpu_memory_utilization"]),
                         "--attention-backend", ENGINE_ARGS["attention_backend"]]
+    if graphs:  # torch.compile and CUDA graphs, vLLM's default on a GPU
+        server.argv.remove("--enforce-eager")
     if SPEC[method]:
         server.argv += ["--speculative-config", json.dumps(SPEC[method])]
     t0 = time.monotonic()
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=list(SPEC), choices=list(SPEC))
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--cpu", action="store_true", help="a dry run on CPU: no GPU engine arguments")
+    p.add_argument("--graphs", action="store_true", help="compiled, with CUDA graphs (default: eager)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import yaml
@@ -151,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                                         "decode": {"replicas": 1, "kv_cache_gb": 1.0}}))
     cfg = load_config(cfg_path)
     loads = {**workloads(40, 64), "random": (8, random_chats(64))}
-    doc: dict = {"model": str(MODEL), "max_tokens": args.max_tokens, "eager": True, "results": {}}
+    doc: dict = {"model": str(MODEL), "max_tokens": args.max_tokens, "eager": not args.graphs, "results": {}}
     for method in ["off"] + [m for m in args.methods if m != "off"]:
         log(f"{method}: starting vllm serve")
-        doc["results"][method] = run_method(method, cfg, args.out, loads, args.max_tokens, not args.cpu)
+        doc["results"][method] = run_method(method, cfg, args.out, loads, args.max_tokens, not args.cpu, args.graphs)
         log(f"{method}: done ({doc['results'][method].get('error', 'ok')})")
         (args.out / "spec_gpu_raw.json").write_text(json.dumps(doc))
     compare(doc["results"])
