@@ -13,11 +13,12 @@ unless `--graphs`.
 Workloads (greedy, streamed): **tool-echo** at concurrency 1 and **free text**
 at concurrency 8, the held-out chats of `baton bench spec`; and **random**
 at concurrency 8: 300 random corpus words and 64 tokens out (`ignore_eos`),
-where nothing can be looked up, to show what a method costs when it cannot
-pay. Per method and workload: TPOT (the engine's own mean; the client's p50 beside it), answers identical to `off`, and
-vLLM's own speculation counters (`vllm:spec_decode_*`); and whether vLLM kept
-async scheduling (its start-up warning when it turns it off). Writes
-OUT_DIR/spec_gpu.json as it goes.
+meant to have little to look up, to show what a method costs when it cannot
+pay (the tiny model's answers repeat themselves, so n-gram still finds some).
+Per method and workload: TPOT (the engine's own mean; the client's p50
+beside it), tokens/s, answers identical to `off`, vLLM's own speculation
+counters (`vllm:spec_decode_*`), and whether vLLM kept async scheduling (its
+start-up warning when it turns it off). Writes OUT_DIR/spec_gpu.json as it goes.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def counters(url: str) -> dict[str, float]:
 
 
 def measure(url: str, loads: dict, max_tokens: int) -> dict:
+    """Each workload through `url` in turn: its figures, the counters' change and the answers."""
     out = {}
     for name, (concurrency, chats) in loads.items():
         before = counters(url)
