@@ -128,11 +128,16 @@ def measure(url: str, loads: dict, max_tokens: int) -> dict:
                      "tpot_p99_ms": _pct([a.get("tpot") for a in answers], 0.99),
                      "ttft_p50_ms": _pct([a.get("ttft") for a in answers], 0.5),
                      "mean_tokens": round(sum(a.get("tokens", 0) for a in answers) / max(1, len(answers)), 1),
-                     **{f"spec_{k}": v for k, v in d.items()},
-                     "acceptance_rate": round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else None,
-                     "mean_accepted_length": round(1 + d["accepted_tokens"] / d["drafts"], 3) if d["drafts"] else None,
-                     "answers": [a.get("text") for a in answers]}
+                     **acceptance(d), "answers": [a.get("text") for a in answers]}
     return out
+
+
+def acceptance(d: dict[str, float]) -> dict:
+    """The speculation counters' change `d` (drafts, draft_tokens, accepted_tokens), each as
+    `spec_<name>`, with the acceptance rate and mean accepted length they give (None without drafts)."""
+    return {**{f"spec_{k}": d[k] for k in COUNTERS},
+            "acceptance_rate": round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else None,
+            "mean_accepted_length": round(1 + d["accepted_tokens"] / d["drafts"], 3) if d["drafts"] else None}
 
 
 def run_system(mode: str, method: str, workdir: Path, loads: dict, max_tokens: int) -> dict:
@@ -153,18 +158,19 @@ def run_system(mode: str, method: str, workdir: Path, loads: dict, max_tokens: i
         stack.stop()
 
 
-def compare(results: dict) -> None:
-    """Adds, per system and workload, TPOT against the same mode without speculation and
-    the share of answers identical to it; drops the answers."""
+def compare(results: dict, keys: tuple[str, ...] = ("tpot_p50_ms",)) -> None:
+    """Adds, per system ((mode, method)) and workload, each of `keys` against the same mode without
+    speculation (`<key less _ms>_vs_off`) and the share of answers identical to it; drops the answers."""
     for (mode, method), res in results.items():
         base = results.get((mode, "off"), {})
         for name, w in res.items():
-            if not isinstance(w, dict) or name not in base:
+            if not isinstance(w, dict) or not isinstance(base.get(name), dict):
                 continue
             b = base[name]
-            if w.get("tpot_p50_ms") and b.get("tpot_p50_ms"):
-                w["tpot_p50_vs_off"] = round(w["tpot_p50_ms"] / b["tpot_p50_ms"], 3)
-            pairs = list(zip(w["answers"], b["answers"]))
+            for key in keys:
+                if w.get(key) and b.get(key):
+                    w[key.removesuffix("_ms") + "_vs_off"] = round(w[key] / b[key], 3)
+            pairs = list(zip(w.get("answers") or [], b.get("answers") or []))
             w["identical_to_off"] = round(sum(x == y for x, y in pairs) / max(1, len(pairs)), 4)
     for res in results.values():
         for w in res.values():

@@ -35,14 +35,13 @@ from pathlib import Path
 import httpx
 
 from bench.sleep_gpu import ENGINE_ARGS, log
-from bench.spec import DRAFT, EAGLE, MODEL, _pct, _run, workloads
+from bench.spec import METHODS, MODEL, _pct, _run, acceptance, compare, workloads
+from common.config_spec import SpeculationConfig
 
-SPEC = {"off": None,
-        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-        "ngram_gpu": {"method": "ngram_gpu", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-                      "prompt_lookup_max": 4},
-        "draft": {"method": "draft_model", "num_speculative_tokens": 4, "model": str(DRAFT)},
-        "eagle": {"method": "eagle", "num_speculative_tokens": 4, "model": str(EAGLE)}}
+# `baton bench spec`'s methods as Baton's config passes them to vLLM (common/config_spec.py): `ngram` as on
+# a CPU (the lookup on the CPU), `ngram_gpu` as Baton's `ngram` on a CUDA GPU.
+SPEC = {"off": None, **{m: SpeculationConfig(**METHODS[m]).vllm() for m in ("ngram", "draft", "eagle")},
+        "ngram_gpu": SpeculationConfig(**METHODS["ngram"]).vllm(gpu=True)}
 COUNTERS = {"drafts": "vllm:spec_decode_num_drafts_total", "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
             "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
             # the engine's own per-request TPOT (its decode time / (tokens - 1)): vllm serve's stream may
@@ -88,11 +87,7 @@ def measure(url: str, loads: dict, max_tokens: int) -> dict:
                      "client_tpot_p50_ms": _pct([a.get("tpot") for a in answers], 0.5),
                      "ttft_p50_ms": _pct([a.get("ttft") for a in answers], 0.5),
                      "output_tokens_per_s": round(tokens / took, 1), "mean_tokens": round(tokens / len(answers), 1),
-                     **{f"spec_{k}": v for k, v in d.items()},
-                     "acceptance_rate": (round(d["accepted_tokens"] / d["draft_tokens"], 4)
-                                         if d["draft_tokens"] else None),
-                     "mean_accepted_length": round(1 + d["accepted_tokens"] / d["drafts"], 3) if d["drafts"] else None,
-                     "answers": [a.get("text") for a in answers]}
+                     **acceptance(d), "answers": [a.get("text") for a in answers]}
         log(f"  {name}: TPOT mean {out[name]['tpot_mean_ms']} ms, acceptance {out[name]['acceptance_rate']}")
     return out
 
@@ -121,24 +116,6 @@ def run_method(method: str, cfg, outdir: Path, loads: dict, max_tokens: int, gpu
     return res
 
 
-def compare(results: dict) -> None:
-    base = results.get("off", {})
-    for method, res in results.items():
-        for name, w in res.items():
-            if not isinstance(w, dict) or not isinstance(base.get(name), dict):
-                continue
-            b = base[name]
-            for key in ("tpot_mean_ms", "output_tokens_per_s"):
-                if w.get(key) and b.get(key):
-                    w[key.removesuffix("_ms") + "_vs_off"] = round(w[key] / b[key], 3)
-            pairs = list(zip(w.get("answers") or [], b.get("answers") or []))
-            w["identical_to_off"] = round(sum(x == y for x, y in pairs) / max(1, len(pairs)), 4)
-    for res in results.values():
-        for w in res.values():
-            if isinstance(w, dict):
-                w.pop("answers", None)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
@@ -163,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["results"][method] = run_method(method, cfg, args.out, loads, args.max_tokens, not args.cpu, args.graphs)
         log(f"{method}: done ({doc['results'][method].get('error', 'ok')})")
         (args.out / "spec_gpu_raw.json").write_text(json.dumps(doc))
-    compare(doc["results"])
+    compare({("gpu", m): r for m, r in doc["results"].items()}, keys=("tpot_mean_ms", "output_tokens_per_s"))
     (args.out / "spec_gpu.json").write_text(json.dumps(doc, indent=1))
     log(json.dumps({m: {w: (r[w].get("tpot_mean_vs_off"), r[w].get("acceptance_rate"), r[w].get("identical_to_off"))
                         for w in ("tool_echo", "free_text", "random") if isinstance(r.get(w), dict)}
