@@ -137,6 +137,9 @@ def targets(traces: dict[str, dict]) -> dict:
         out[f"{name}_miss_reduction"] = misses
         out[f"{name}_replica_seconds_change"] = cost
         out[f"{name}_ok"] = misses is not None and misses >= MISS_REDUCTION and cost <= COST_SLACK
+        oracle = traces[name].get("oracle")
+        if oracle:  # what a clairvoyant policy with no engine start would spend against reactive
+            out[f"{name}_oracle_replica_seconds_change"] = oracle["peak_measured"]["against_reactive"]
         const = pol.get("constant_matched") or pol.get("constant")
         if const is not None:
             out[f"{name}_beats_constant_ok"] = fc["ttft_slo_misses"] < const["ttft_slo_misses"]

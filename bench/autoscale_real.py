@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench import autoscale_calibrate
+from bench import autoscale_calibrate, autoscale_oracle
 from bench.autoscale_traces import Trace, ramp
 from bench.stack import StackProcess, bench_workdir, write_config
 from cluster import loopback
@@ -225,10 +225,13 @@ def run_real(args) -> dict:
         cpu_slice.sweep("replica-")
     trace = {"duration_s": args.real_duration, "low_rps": args.real_low, "high_rps": args.real_high,
              "warm_s": args.real_warm, "ramp_s": args.real_ramp, "policies": policies}
-    return {"config": {"slo_ttft_s": args.slo, "max_replicas": args.real_max_replicas,
-                       "engine_start_s": args.real_engine_start, "metric_push_interval_s": 1.0,
-                       "replica_cpu_cores": args.real_replica_cpu or None, "calibration": calibration},
-            "traces": {"ramp_real": trace}}
+    doc = {"config": {"slo_ttft_s": args.slo, "max_replicas": args.real_max_replicas,
+                      "engine_start_s": args.real_engine_start, "metric_push_interval_s": 1.0,
+                      "replica_cpu_cores": args.real_replica_cpu or None, "calibration": calibration},
+           "traces": {"ramp_real": trace}}
+    if calibration:  # the floor under any on-time policy's replica-seconds (bench/autoscale_oracle.py)
+        trace["oracle"] = autoscale_oracle.for_real_run(doc)
+    return doc
 
 
 def _run_one(policies: dict, policy: str, args, workdir: Path) -> None:
