@@ -7,8 +7,11 @@ common/cpu_slice.py) and the same requests (streamed chats of 300 words,
 about 800 prompt tokens, and 64 out, bench/autoscale_real.py). So before the policies
 run, one stack with one such replica serves closed loops of 1, 2, 4 and 8
 clients of those requests; the answers per second at each batch, times the
-prompt's tokens, are the colocated pool's curve, written as a capacity file
-that both policies' configs name. The ramp's rates are then set from what one
+prompt's tokens, and the TTFT p90 of those answers are the colocated pool's
+curve, written as a capacity file that both policies' configs name. With
+TTFTs in the curve, the policy sizes a replica by the largest batch whose
+first tokens come within its share of the SLO, not by the time of a whole
+answer (deployments/capacity.py). The ramp's rates are then set from what one
 replica is planned to carry by that curve (`planned_rps`), so the top of the
 ramp needs more replicas than one by the policy's own sizing.
 """
@@ -33,9 +36,10 @@ BATCHES = (1, 2, 4, 8)
 WARMUP_S = 4.0
 
 
-async def _closed_loop(url: str, batch: int, seconds: float, one) -> float:
-    """Answers per second with `batch` clients each sending `one`'s request after the last answered."""
-    done, start = [0], time.monotonic()
+async def _closed_loop(url: str, batch: int, seconds: float, one) -> tuple[float, float | None]:
+    """Answers per second with `batch` clients each sending `one`'s request after the last answered,
+    and the TTFT p90 of those answers (None if none came)."""
+    done, ttfts, start = [0], [], time.monotonic()
     counted_from, deadline = start + WARMUP_S, start + WARMUP_S + seconds
 
     async def client(http: httpx.AsyncClient, k: int) -> None:
@@ -45,10 +49,12 @@ async def _closed_loop(url: str, batch: int, seconds: float, one) -> float:
             _, ttft = await one(http, url, k * 100000 + i, rng)
             if ttft is not None and time.monotonic() >= counted_from:
                 done[0] += 1
+                ttfts.append(ttft)
 
     async with httpx.AsyncClient(timeout=120) as http:
         await asyncio.gather(*(client(http, k) for k in range(batch)))
-    return done[0] / seconds
+    ttfts.sort()
+    return done[0] / seconds, (ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else None)
 
 
 def _prompt_tokens(url: str, body: dict) -> int:
@@ -70,9 +76,11 @@ def calibrate(workdir: Path, quota: float | None, seconds: float, one, sample_bo
         prompt = _prompt_tokens(stack.url, sample_body)
         points = []
         for b in BATCHES:
-            rps = asyncio.run(_closed_loop(stack.url, b, seconds, one))
-            print(f"[autoscale --real]   batch {b}: {rps:.2f} answers/s", file=sys.stderr, flush=True)
-            points.append({"batch": b, "tokens_per_s": round(rps * prompt, 1)})
+            rps, ttft = asyncio.run(_closed_loop(stack.url, b, seconds, one))
+            print(f"[autoscale --real]   batch {b}: {rps:.2f} answers/s, TTFT p90 {ttft} s", file=sys.stderr,
+                  flush=True)
+            point = {"batch": b, "tokens_per_s": round(rps * prompt, 1)}
+            points.append(point if ttft is None else {**point, "ttft_s": round(ttft, 3)})
     finally:
         stack.stop()
     doc = {"version": 1, "model": "baton-tiny", "source": "bench/autoscale_calibrate.py",

@@ -62,10 +62,10 @@ PUSH_ENV = "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"
 REPLICA_CPU = 0.5  # cores per replica: three take 1.5 of 2, the client and Ray's daemons the rest
 # The ramp's bottom, of one replica's planned rate; its top is what the pool's bound carries.
 LOW_SHARE = 0.5
-# A colocated curve's service time is a whole answer (prefill and its 64 tokens of decode), not the
-# prefill that forecast.service_fraction's share of the TTFT SLO is meant for: most of the SLO
-# then. Not all of it: the rest is the queue wait beyond which the policy adds a replica at once
-# (with 1.0 any wait at all did, and the first run asked for its third replica at 8.5 s).
+# The share of the TTFT SLO a replica's own TTFT p90 at its batch may take (the calibration measures
+# it; before it did, a colocated curve's service time was a whole answer and needed most of the SLO).
+# Not all of it: the rest is the queue wait beyond which the policy adds a replica at once (with 1.0
+# any wait at all did, and the first run asked for its third replica at 8.5 s).
 SERVICE_FRACTION = 0.8
 CORPUS = ("tool", "result", "json", "status", "ok", "value", "agent", "session", "cache", "prefix",
           "token", "block", "replica", "forecast", "ramp", "serve")

@@ -21,7 +21,7 @@ Schema (`CapacityFile`; unknown keys are errors)::
         tokens_per_request: 400     # mean work of one request in that unit when measured
         points:
           - {batch: 1, tokens_per_s: 712.0}
-          - {batch: 8, tokens_per_s: 2591.0}
+          - {batch: 8, tokens_per_s: 2591.0, ttft_s: 0.41}   # ttft_s optional: TTFT p90 at that batch
 
 Between measured batch sizes throughput is linear in the batch; beyond the
 largest it stays flat (no extrapolated gain), below the smallest it scales
@@ -50,6 +50,8 @@ class _Strict(BaseModel):
 class CurvePoint(_Strict):
     batch: int = Field(gt=0, description="requests the replica runs at once")
     tokens_per_s: float = Field(gt=0, description="tokens/s the replica sustained at that batch")
+    ttft_s: float | None = Field(None, gt=0, description="TTFT p90 of a request of tokens_per_request at that "
+                                 "batch (closed loop), where measured")
 
 
 class PoolCurve(_Strict):
@@ -89,9 +91,21 @@ class PoolCurve(_Strict):
         tps = self.tokens_per_s(batch)
         return math.inf if tps <= 0 else tokens * batch / tps
 
+    def ttft_measured(self) -> bool:
+        """Whether every point carries the TTFT measured at its batch (and the request size it is for)."""
+        return bool(self.points) and self.tokens_per_request is not None and \
+            all(p.ttft_s is not None for p in self.points)
+
     def target_batch(self, tokens: float, budget_s: float) -> int:
-        """The largest measured-range batch whose per-request service of `tokens` fits in
-        `budget_s` (at least 1): the batch a pool is sized to run at."""
+        """The batch a pool is sized to run at (at least 1): the largest measured batch whose TTFT,
+        scaled to requests of `tokens`, fits in `budget_s` where the curve measured TTFTs; else the
+        largest measured-range batch whose per-request service of `tokens` does. A colocated
+        replica's service is a whole answer, of which TTFT is only the prefill's share, so sizing it
+        by service keeps replicas at batches whose first tokens come well within the budget."""
+        if self.ttft_measured():
+            scale = tokens / self.tokens_per_request
+            fits = [p.batch for p in self.points if p.ttft_s * scale <= budget_s]
+            return max(fits, default=1)
         best = 1
         for b in range(1, max(1, self.max_batch()) + 1):
             if self.service_s(b, tokens) <= budget_s:

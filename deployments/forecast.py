@@ -163,9 +163,13 @@ class _FittedForecaster(Forecaster):
         raise NotImplementedError
 
     def predict(self, horizon_s: float, z: float = 0.0) -> float:
+        """As `Forecaster.predict`, but a trend is carried no further ahead than the history it was
+        fitted on: a local linear trend fitted on 48 s of flat load and carried 63 s ahead has a
+        level error wide enough that its upper quantile asked for three replicas at half of one's
+        planned rate (bench autoscale --real)."""
         if self._mean is None:
             return max(0.0, self.recent())
-        i = min(self.steps, max(1, int(math.ceil(horizon_s / self.step_s)))) - 1
+        i = min(self.steps, len(self.bins), max(1, int(math.ceil(horizon_s / self.step_s)))) - 1
         value = float(self._mean[i] + z * self._se[i])
         return max(0.0, value) if math.isfinite(value) else max(0.0, self.recent())
 

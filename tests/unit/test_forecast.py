@@ -61,6 +61,19 @@ def test_models_fall_back_to_the_recent_mean_before_enough_bins():
     assert f.predict(60.0) == pytest.approx(4.0)
 
 
+def test_a_trend_is_carried_no_further_than_the_history_it_was_fitted_on():
+    rng = np.random.default_rng(1)
+    f = KalmanForecaster(step_s=2.0, window=60, refit_s=20.0)
+    for k in range(25):  # 24 closed bins (48 s): the first fit
+        f.observe(k * 2.0, 10.0 + 0.5 * k * 2.0 + rng.normal(0, 0.2))
+    assert len(f.bins) == 24
+    assert f.predict(63.0) == f.predict(48.0) == f.predict(300.0)  # 24 bins ahead at most
+    assert f.predict(63.0) > f.predict(20.0)  # the rising trend is still carried, as far as 48 s
+    for k in range(25, 40):
+        f.observe(k * 2.0, 10.0 + 0.5 * k * 2.0)
+    assert f.predict(63.0) > f.predict(48.0)  # 39 bins seen: 63 s ahead is 32 bins
+
+
 def test_fitting_is_quiet():
     f = HoltForecaster(step_s=1.0, window=40, refit_s=5.0)
     with warnings.catch_warnings():

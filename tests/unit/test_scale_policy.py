@@ -32,6 +32,20 @@ def test_curve_interpolates_and_stays_flat_beyond_the_largest_batch():
     assert CURVE.target_batch(100, 1.5) == 3  # 300 / 200 = 1.5 s fits, 400 / 250 = 1.6 s does not
 
 
+def test_a_curve_with_measured_ttfts_sizes_the_batch_by_them():
+    pts = [{"batch": 1, "tokens_per_s": 100.0, "ttft_s": 0.2}, {"batch": 4, "tokens_per_s": 300.0, "ttft_s": 0.5},
+           {"batch": 8, "tokens_per_s": 450.0, "ttft_s": 1.1}]
+    curve = PoolCurve(tokens_per_request=100, points=pts)
+    assert curve.ttft_measured() and not CURVE.ttft_measured()
+    # By service a request of 100 tokens fits 1.5 s only up to batch 3; by the TTFTs measured, batch 4.
+    assert curve.target_batch(100, 1.0) == 4 and curve.target_batch(100, 1.2) == 8
+    assert curve.target_batch(200, 1.2) == 4  # twice the tokens: twice the measured TTFT
+    assert curve.target_batch(100, 0.1) == 1  # none fits: at least one
+    partial = PoolCurve(tokens_per_request=100, points=[*pts[:2], {"batch": 8, "tokens_per_s": 450.0}])
+    # One point without a TTFT: sized by service, 2 x 100 tokens at 166.7 tokens/s = 1.2 s, 3 x 100 at 233.3 = 1.29 s.
+    assert not partial.ttft_measured() and partial.target_batch(100, 1.25) == 2
+
+
 def test_replicas_for():
     assert replicas_for(0, 100) == 0 and replicas_for(250, 100) == 3 and replicas_for(300, 100) == 3
     with pytest.raises(ValueError):
