@@ -41,8 +41,8 @@ class ForecastAutoscaling(_Strict):
     slo_ttft_s: float = Field(1.5, gt=0, description="TTFT SLO the prefill pool is sized for")
     service_fraction: float = Field(
         0.5, gt=0, lt=1, description="share of the SLO a request's own prefill may take at the pool's "
-        "planned batch; the rest is for queueing, and a queue wait beyond it adds a replica at once "
-        "(so below 1: at 1 any wait at all would)"
+        "planned batch (its TTFT p90 there, where the capacity curve measured it); the rest is for "
+        "queueing, and a queue wait beyond it adds a replica at once (so below 1: at 1 any wait at all would)"
     )
     utilization: float = Field(0.8, gt=0, le=1, description="planned share of a replica's throughput")
     z: float = Field(1.0, ge=0, description="forecast margin, in standard errors of the forecast")
