@@ -29,6 +29,7 @@ import httpx
 import yaml
 
 from bench.stack import StackProcess, write_config
+from common.stats import percentile
 from deployments.capacity import PoolCurve
 from deployments.scale_policy import PolicyParams, PoolSizer
 
@@ -53,8 +54,7 @@ async def _closed_loop(url: str, batch: int, seconds: float, one) -> tuple[float
 
     async with httpx.AsyncClient(timeout=120) as http:
         await asyncio.gather(*(client(http, k) for k in range(batch)))
-    ttfts.sort()
-    return done[0] / seconds, (ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else None)
+    return done[0] / seconds, percentile(ttfts, 90)
 
 
 def _prompt_tokens(url: str, body: dict) -> int:

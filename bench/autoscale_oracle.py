@@ -25,7 +25,7 @@ import json
 import math
 from pathlib import Path
 
-from bench.autoscale_traces import Trace, ramp
+from bench.autoscale_traces import Trace, held_ramp
 
 
 def replicas_needed(rate_rps: float, per_replica_rps: float, lo: int, hi: int) -> int:
@@ -51,7 +51,7 @@ def for_real_run(result: dict) -> dict:
     curve = calib.get("curve")
     if not curve:
         raise ValueError("the result has no calibration curve: nothing to size replicas by")
-    trace = ramp(run["low_rps"], run["high_rps"], run["ramp_s"], hold_s=math.inf, flat_s=run["warm_s"])
+    trace = held_ramp(run["low_rps"], run["high_rps"], run["ramp_s"], run["warm_s"])
     peak = max(p["tokens_per_s"] for p in curve["points"]) / curve["tokens_per_request"]
     out = {}
     for name, rps in (("planned", calib["planned_rps_per_replica"]), ("peak_measured", peak)):

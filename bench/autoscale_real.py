@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import random
 import subprocess
@@ -51,7 +50,7 @@ import httpx
 import yaml
 
 from bench import autoscale_calibrate, autoscale_oracle
-from bench.autoscale_traces import Trace, ramp
+from bench.autoscale_traces import Trace, held_ramp
 from bench.stack import StackProcess, bench_workdir, write_config
 from cluster import loopback
 from common import cpu_slice
@@ -87,7 +86,7 @@ while True:
 
 def real_trace(args) -> Trace:
     """The run's rate trace: bench/autoscale_traces.py's ramp, held at its top to the end."""
-    return ramp(args.real_low, args.real_high, args.real_ramp, hold_s=math.inf, flat_s=args.real_warm)
+    return held_ramp(args.real_low, args.real_high, args.real_ramp, args.real_warm)
 
 
 def _autoscaling(policy: str, args) -> dict:

@@ -60,6 +60,11 @@ def ramp(low_rps: float = 3.0, peak_rps: float = 30.0, ramp_s: float = 300.0, ho
     return Trace("ramp", 2 * flat_s + 2 * ramp_s + hold_s, rate)
 
 
+def held_ramp(low_rps: float, peak_rps: float, ramp_s: float, flat_s: float) -> Trace:
+    """Flat, ramp up over `ramp_s`, then held at the peak for good (`baton bench autoscale --real`)."""
+    return ramp(low_rps, peak_rps, ramp_s, hold_s=math.inf, flat_s=flat_s)
+
+
 def spike(base_rps: float = 10.0, spike_factor: float = 2.5, spike_s: float = 120.0,
           at: tuple[float, ...] = (900.0, 2100.0), duration_s: float = 3000.0) -> Trace:
     """A steady rate with bursts of `spike_factor` times it, `spike_s` long, at `at`."""
