@@ -18,7 +18,8 @@ Sites: ``permits`` from the city table; a request arriving at a site takes a
 free permit, else joins its FIFO queue when the expected wait
 (queued + 1) * service_s / permits is within ``max_queue_wait_s``, else is
 refused. A refused forward is reported to the policy (``refused``) and the
-origin chooses once more (``max_attempts``); then it is rejected.
+origin chooses again, up to the policy's ``max_attempts`` choices; then it is
+rejected.
 What the policy sees: its own site fresh, every other site as gossiped
 every ``view_period_s`` (stale in between), each with ``busy_avg``, the
 EWMA of its busy fraction with time constant ``load_tau_s`` (about a
@@ -67,7 +68,6 @@ class SimConfig:
     probe_period_s: float = 10.0
     probe_ttl_s: float = 30.0
     probe_jitter: float = 0.1
-    max_attempts: int = 2
     outage: tuple[str, float, float] | None = None
     seed: int = 0
 
@@ -76,8 +76,8 @@ class SimConfig:
             raise ValueError("need hotspot_factor >= 1, peak_util > 0, service_s > 0, turns_mean >= 1")
         if not 0 <= self.warmup_s < self.duration_s:
             raise ValueError("need 0 <= warmup_s < duration_s")
-        if self.max_attempts < 1 or self.view_period_s <= 0 or self.probe_period_s <= 0:
-            raise ValueError("need max_attempts >= 1 and positive periods")
+        if self.view_period_s <= 0 or self.probe_period_s <= 0:
+            raise ValueError("need positive periods")
 
 
 @dataclass
@@ -228,10 +228,12 @@ class SiteSim:
         stale = self.views.get(name)
         self.views[name] = self.sites[origin].view(t, self.cfg.service_s)  # a front sees its own site fresh
         try:
-            for _ in range(self.cfg.max_attempts):
+            tried = set()
+            for _ in range(self.select.max_attempts):
                 d = self.policy.choose(name, self.views, self.latency, t, prev)
-                if d.site is None:
+                if d.site is None or d.site in tried:
                     break
+                tried.add(d.site)
                 j = self.index[d.site]
                 if self._admit(j, t, (k, turn, t)):
                     if j != origin:

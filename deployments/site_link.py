@@ -12,8 +12,13 @@ Each front of a site (`sites:` in the config, common/config_sites.py)
   this one is full and the round trip costs less than the wait here;
 - forwards such a request to the chosen site's public endpoint and streams
   the answer back unbuffered (deployments/relay.py). A site that refuses it
-  (429) or cannot be reached before the first byte is backed off, and the
-  request runs here after all: nothing that had not started is lost.
+  (429) or cannot be reached before the first byte is backed off and the
+  policy chooses again (`sites.select.max_attempts` choices in all); then
+  the request runs here after all: nothing that had not started is lost.
+
+A peer's view is read for the request's tenant: a peer with no free permit
+whose queue is full for that tenant (it names such tenants in its probe
+answer) is taken as unable to queue it, as this site's own view is.
 
 The map lives in each front's memory, rebuilt from its own probes, so sites
 share no Redis and a dead site drops out by expiry alone.
@@ -49,6 +54,7 @@ TENANT_HEADER = "x-baton-site-tenant"
 SITE_HEADER = "x-baton-site"  # on answers: the site that served the request
 _PASSED = (SESSION_HEADER, "x-baton-deadline-s", "x-baton-tier")
 _SESSIONS = 65536
+_FULL_TENANTS = 256  # the most tenants a probe answer names as queue-full
 UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
 
 
@@ -127,7 +133,8 @@ class SiteLink:
         busy_avg = answer.get("busy_avg")
         self.views[name] = (SiteView(name, int(answer["permits_free"]), int(answer["permits_total"]),
                                      float(answer["queue_wait_s"]),
-                                     busy_avg=float(busy_avg) if busy_avg is not None else None, as_of=now),
+                                     busy_avg=float(busy_avg) if busy_avg is not None else None, as_of=now,
+                                     queue_full_for=frozenset(map(str, answer.get("queue_full_tenants") or ()))),
                              now)
         if self.metrics is not None:
             self.metrics.site_rtt.labels(name).set(now - t0)
@@ -153,8 +160,11 @@ class SiteLink:
         v, now = self.local_view(), self.clock()
         wait = v.queue_wait_s if math.isfinite(v.queue_wait_s) else 3600.0  # JSON has no infinity
         row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
+        bound = self.cfg.admission.max_queue_per_tenant
+        full = sorted(t for t, ts in self.gate.snapshot().tenants.items() if ts.queue_len >= bound)
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
-                "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row}
+                "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row,
+                "queue_full_tenants": full[:_FULL_TENANTS]}
 
     # -- requests from other sites ---------------------------------------------
 
@@ -183,7 +193,8 @@ class SiteLink:
     def choose(self, session: str | None, tenant: str | None = None) -> SiteDecision:
         """Where a new request of `tenant` should run (this site or a peer). Changes the selector's RNG only."""
         now = self.clock()
-        views = {n: v for n, (v, seen) in self.views.items() if now - seen <= self.cfg.sites.map_ttl_s}
+        views = {n: v.for_tenant(tenant) for n, (v, seen) in self.views.items()
+                 if now - seen <= self.cfg.sites.map_ttl_s}
         views[self.name] = self.local_view(tenant)
         return self.selector.choose(self.name, views, self.latency, now, self._session_site(session, now))
 
@@ -204,16 +215,22 @@ class SiteLink:
 
     async def offload(self, scope, receive, send, tenant: str, parse) -> tuple[bool, bytes | None]:
         """Runs the request on another site when the policy says so: (True, None) once that site
-        answered it; else (False, body read or None) for this site to admit and run it. `parse`
-        validates the body first (raising the 4xx), so bad input never travels."""
+        answered it; else (False, body read or None) for this site to admit and run it. A refused
+        forward is backed off and the policy chooses again, up to `max_attempts` choices, never
+        the same site twice. `parse` validates the body first (raising the 4xx), so bad input
+        never travels. Changes the policy's backoff and RNG and the session's site."""
         session = header(scope["headers"], SESSION_HEADER.encode()) or None
-        decision = self.choose(session, tenant)
-        if self.metrics is not None:
-            self.metrics.site_decisions.labels(decision.reason).inc()
-        raw = None
-        if decision.site is not None and decision.site != self.name:
-            raw = await read_body(receive, self.cfg.serve.max_body_bytes)
-            parse(raw)
+        raw, tried = None, set()
+        for _ in range(self.selector.config.max_attempts):  # a refusal backs its site off: choose again
+            decision = self.choose(session, tenant)
+            if self.metrics is not None:
+                self.metrics.site_decisions.labels(decision.reason).inc()
+            if decision.site is None or decision.site == self.name or decision.site in tried:
+                break  # never offered twice to one site (a baseline has no backoff)
+            tried.add(decision.site)
+            if raw is None:
+                raw = await read_body(receive, self.cfg.serve.max_body_bytes)
+                parse(raw)
             if await self.forward(decision.site, scope, raw, tenant, send):
                 self.served_at(session, decision.site)
                 return True, None

@@ -51,6 +51,10 @@ that are in ``views`` with alive=True, not in backoff, and at most
 ``near_max_rtt_s`` away; of those the ``near_k`` nearest within
 ``near_slack_s`` of the nearest one.
 
+A refused forward comes back to the origin, which chooses again with the
+refusing site backed off, up to ``max_attempts`` choices a request (the
+other near sites, or its own queue, before a 429).
+
 Backoff: a site that refuses a forwarded request (``refused``) is skipped
 for ``backoff_base_s * 2**(refusals - 1)``, at most ``backoff_max_s``;
 ``served`` ends it and resets the count. Pure: no clock, no I/O.
@@ -58,6 +62,7 @@ for ``backoff_base_s * 2**(refusals - 1)``, at most ``backoff_max_s``;
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -76,7 +81,8 @@ class SiteView:
     site's busy fraction (1 - free/total) averaged over about a session's life
     (an EWMA the site keeps); None where not reported, and ``load`` is then the
     instantaneous fraction. ``as_of``: when the origin heard it (None: unknown,
-    taken as older than any refusal).
+    taken as older than any refusal). ``queue_full_for``: tenants whose own queue there is at
+    its bound (the site's admission refuses them a place even where the total has room).
     """
 
     name: str
@@ -86,6 +92,7 @@ class SiteView:
     alive: bool = True
     busy_avg: float | None = None
     as_of: float | None = None
+    queue_full_for: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.permits_total < 0 or not 0 <= self.permits_free <= self.permits_total:
@@ -99,6 +106,13 @@ class SiteView:
     def busy_fraction(self) -> float:
         """1 - free/total; 1.0 for a site with no permits."""
         return 1.0 - self.permits_free / self.permits_total if self.permits_total else 1.0
+
+    def for_tenant(self, tenant: str | None) -> "SiteView":
+        """This view as a request of ``tenant`` finds it: no queue (an endless wait) where no
+        permit is free and the tenant's queue is full; else unchanged. Reads only."""
+        if tenant is None or self.permits_free or tenant not in self.queue_full_for:
+            return self
+        return dataclasses.replace(self, queue_wait_s=math.inf)
 
     @property
     def load(self) -> float:
@@ -155,10 +169,13 @@ class SiteSelectConfig:
     # Backoff after a refusal: 1 s, 2 s, 4 s ... at most 30 s (about one probe TTL).
     backoff_base_s: float = 1.0
     backoff_max_s: float = 30.0
+    # Choices a request gets: after a refused forward the origin chooses again (the refuser
+    # backed off). Two: the other near site or the origin's queue, then the origin answers.
+    max_attempts: int = 2
 
     def __post_init__(self) -> None:
-        if self.near_k < 1:
-            raise ValueError("near_k must be >= 1")
+        if self.near_k < 1 or self.max_attempts < 1:
+            raise ValueError("near_k and max_attempts must be >= 1")
         if min(self.near_slack_s, self.near_max_rtt_s, self.forward_overhead_s, self.max_queue_wait_s) < 0:
             raise ValueError("near_slack_s, near_max_rtt_s, forward_overhead_s, max_queue_wait_s must be >= 0")
         if not 0.0 <= self.spill_busy <= 1.0 or not 0.0 <= self.balance_margin <= 1.0:

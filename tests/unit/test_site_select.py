@@ -122,6 +122,19 @@ def test_full_everywhere_queues_remotely_then_rejects():
     assert selector().choose("o", v, lat, 0.0) == SiteDecision(None, "rejected", 0.0)
 
 
+def test_a_site_whose_queue_is_full_for_the_tenant_cannot_queue_it():
+    # b has no permit free and names tenant t as queue-full: t's request must not queue there
+    b = SiteView("b", 0, 10, 0.5, queue_full_for=frozenset({"t"}))
+    assert b.for_tenant("u") is b and b.for_tenant(None) is b
+    assert b.for_tenant("t").queue_wait_s == float("inf")
+    freed = SiteView("b", 1, 10, 0.0, queue_full_for=frozenset({"t"}))
+    assert freed.for_tenant("t") is freed  # a free permit admits it whatever the queue
+    o = view("o", **FULL)
+    near = lmap({"b": 4})
+    assert selector().choose("o", views(o, b.for_tenant("u")), near, 0.0).site == "b"
+    assert selector().choose("o", views(o, b.for_tenant("t")), near, 0.0) == SiteDecision(None, "rejected")
+
+
 def test_session_stays_on_its_site_while_it_can_serve():
     lat = lmap({"a": 4, "b": 5})
     v = views(view("o", 10), view("a", 1), view("b", 10))

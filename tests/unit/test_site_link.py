@@ -1,0 +1,114 @@
+"""A front's site link (deployments/site_link.py) against two peer sites on loopback: a refused
+forward is chosen again (the other peer serves it, the refuser is backed off), never offered
+twice to one site, and a peer that names the tenant as queue-full is not offered its request.
+
+The peers are small aiohttp servers that answer the site probe and the completion path as a
+Baton site would (one always refuses with a 429); the link, its admission and its policy are
+the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import ClientSession, web
+
+from common.config import load_config
+from deployments.admission.admission import Admission
+from deployments.admission.async_admission import AsyncAdmission
+from deployments.site_link import SiteLink
+from tests.unit.test_config import write
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str]) -> web.Application:
+    async def probe(_request):
+        return web.json_response({"site": name, "permits_free": 0 if full_for else 4, "permits_total": 4,
+                                  "queue_wait_s": 0.1, "busy_avg": 0.1, "rtt_s": {},
+                                  "queue_full_tenants": full_for})
+
+    async def chat(_request):
+        posts.append(name)
+        if refuse:
+            return web.json_response({"error": {"message": "busy"}}, status=429)
+        return web.json_response({"served_by": name})
+
+    app = web.Application()
+    app.router.add_get("/baton/site", probe)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str = "random_near",
+                    tenant: str = "t"):
+    """Starts the peers, probes them once, holds the link's only permit (the site is full, with
+    no queue) and offloads `requests` requests; returns (what each offload returned, the posts each peer got,
+    the answers' bodies, the link)."""
+    posts: list[str] = []
+    runners, urls = [], {}
+    for name, spec in peers.items():
+        runner = web.AppRunner(_peer(name, spec.get("refuse", False), spec.get("full_for", []), posts))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        urls[name] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    (tmp_path / "token").write_text("s3cret")
+    peer_yaml = ", ".join(f"{{name: {n}, url: '{u}'}}" for n, u in urls.items())
+    cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
+                                      f"  policy: {policy}\n  peers: [{peer_yaml}]\n"
+                                      "admission: {capacity_per_replica: 1, max_queue_per_tenant: 0,"
+                                      " max_queue_total: 0}\n"), environ={})
+    gate = AsyncAdmission(Admission(cfg.admission, replicas=1))
+    permit = await gate.acquire("other")  # the site's one permit is taken: it is full
+    outs, bodies = [], []
+    try:
+        async with ClientSession() as http:
+            link = SiteLink(cfg, gate, http)
+            for name, url in urls.items():
+                await link._probe(name, url)
+            for _ in range(requests):
+                sent: list[dict] = []
+
+                async def receive():
+                    return {"type": "http.request", "body": BODY, "more_body": False}
+
+                async def send(message, sent=sent):
+                    sent.append(message)
+
+                scope = {"type": "http", "path": "/v1/chat/completions", "headers": []}
+                outs.append(await link.offload(scope, receive, send, tenant, lambda raw: json.loads(raw)))
+                bodies.append(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    finally:
+        permit.release()
+        for runner in runners:
+            await runner.cleanup()
+    return outs, posts, bodies, link
+
+
+def test_a_refused_forward_is_chosen_again_and_served_by_the_other_site(tmp_path):
+    outs, posts, bodies, link = asyncio.run(_scenario(tmp_path, {"b": {"refuse": True}, "c": {}}, 6))
+    assert outs == [(True, None)] * 6  # every request answered by a peer, none left to this full site
+    assert all(json.loads(b) == {"served_by": "c"} for b in bodies)
+    assert posts.count("c") == 6
+    assert posts.count("b") == 1  # drawn once (the seeded draw), refused, then backed off
+    assert link.selector.backoff.active("b", link.clock())
+
+
+def test_no_site_is_offered_a_request_twice(tmp_path):
+    # nearest_only has no backoff: after b's refusal it would pick b again; the link stops there
+    # and the request is this site's to queue or refuse.
+    outs, posts, _, _ = asyncio.run(_scenario(tmp_path, {"b": {"refuse": True}}, 2, policy="nearest_only"))
+    assert [done for done, _ in outs] == [False, False]
+    assert posts == ["b", "b"]  # one offer a request
+    assert all(raw == BODY for _, raw in outs)  # the body read for the offer comes back for the local run
+
+
+def test_a_peer_queue_full_for_the_tenant_is_not_offered_its_requests(tmp_path):
+    peers = {"b": {"full_for": ["t"]}}
+    outs, posts, _, _ = asyncio.run(_scenario(tmp_path, peers, 2, tenant="t"))
+    assert posts == [] and [done for done, _ in outs] == [False, False]
+    outs, posts, _, _ = asyncio.run(_scenario(tmp_path, peers, 2, tenant="u"))
+    assert posts == ["b", "b"] and [done for done, _ in outs] == [True, True]
