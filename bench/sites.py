@@ -124,7 +124,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.set_defaults(mode="sim")
     p.add_argument("--base-rps", type=float, default=0.0,
                    help="--local: requests/s at each site before the hotspot; 0: from a measured service time")
-    p.add_argument("--local-duration", type=float, default=60.0, help="--local: seconds of arrivals per policy")
+    p.add_argument("--local-duration", type=float, default=60.0,
+                   help="--local: measured seconds of arrivals per policy, split over the rounds")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="--local: segments per policy on the same sites, in alternating order (A B C, C B A)")
     p.add_argument("--permits", type=int, default=2, help="--local: engine permits per site")
     p.add_argument("--hot-load", type=float, default=None,
                    help="--local: the hot site's offered requests over a site's measured capacity "

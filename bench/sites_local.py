@@ -8,14 +8,24 @@ site `a`: short chats, and sessions of 3 turns (2 s apart, each after the
 last answered) that resend their conversation with `x-session-affinity`.
 With `--base-rps 0` the rates come from a site's measured closed-loop
 throughput, all three loaded at once (`a` is offered `--hot-load` times it,
-in requests). Every policy runs on fresh stacks (the site policy is a
-start-time setting) with the same arrivals.
+in requests).
 
-Per policy: 429s (out of capacity), each site's utilisation (its permits'
-busy fraction from its own probe answer, sampled every SAMPLE_S), max/mean
-utilisation, the round trip a forwarded request added (LINKS), and for
-turns 2+ the share served on their session's first site and their cached
-share of prompt tokens.
+The policies take turns on the same three sites (`PUT /baton/site/policy`
+switches them at run time), in segments ordered A B C, then C B A, ...
+(`rounds`): this machine's speed drifts by tens of percent within minutes,
+and an order that alternates, on the same stacks, gives every policy the
+same share of fast and slow minutes. Each round has its own seeded
+arrivals, the same for every policy; each segment tags its prompts and
+sessions with its own name, so no segment finds another's prefix cached,
+and its first WARMUP_S seconds (the sites' averaged load settling on the
+new policy) are not measured.
+
+Per policy, pooled over its segments: 429s (out of capacity), each site's
+utilisation (its permits' busy fraction from its own probe answer, sampled
+every SAMPLE_S while arrivals are measured), max/mean utilisation, the
+round trip a forwarded request added (LINKS), and for turns 2+ the share
+served on their session's first site and their cached share of prompt
+tokens.
 
 The three sites share this machine's two cores. Each engine runs one thread
 (ONE_THREAD), and with `--site-cpu` (the default where cgroups allow it:
@@ -29,6 +39,7 @@ instead of adding any.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import sys
 import time
@@ -63,6 +74,8 @@ SITE_CPU = 0.5  # cores per site's slice: three sites take 1.5 of 2, the client 
 BUSY_TAU_S = 10.0  # sites.busy_tau_s: a session here lives 3 turns 2 s apart, about 10 s with answers
 CALIBRATE_S = 30.0  # 15 s gave 4.1 to 7.2 answers/s a site on one day (the 4.1 with tests running beside it)
 SAMPLE_S = 0.25
+ROUNDS = 2  # A B C, then C B A
+WARMUP_S = 10.0  # about BUSY_TAU_S: the averaged load forgets the previous policy
 
 
 def messages(key: str, words: int = 120) -> list[dict]:
@@ -80,7 +93,7 @@ def one_way(src: str, dst: str) -> float:
 class Sites:
     """Three stacks and their six delay proxies, started and stopped together."""
 
-    def __init__(self, policy: str, permits: int, workdir, site_cpu: float = 0.0) -> None:
+    def __init__(self, permits: int, workdir, site_cpu: float = 0.0) -> None:
         self.ports = dict(zip(SITES, free_ports(3)))
         self.site_cpu = site_cpu
         self.slices = {n: cpu_slice.CpuSlice(f"bench-sites-{n}") for n in SITES} if site_cpu else {}
@@ -91,11 +104,11 @@ class Sites:
         for name in SITES:
             peers = [{"name": d, "url": self.proxies[(name, d)].url} for d in SITES if d != name]
             self.stacks[name] = StackProcess(write_config(
-                workdir / f"{policy}-{name}", colocated=True, decode={"replicas": 1, "env": ONE_THREAD},
+                workdir / name, colocated=True, decode={"replicas": 1, "env": ONE_THREAD},
                 serve={"port": self.ports[name]},
                 admission={"capacity_per_replica": permits, "max_queue_per_tenant": permits},
                 sites={"name": name, "peers": peers, "token_file": str(workdir / "site_token"),
-                       "policy": policy, "probe_s": 0.5, "map_ttl_s": 3.0, "busy_tau_s": BUSY_TAU_S}),
+                       "probe_s": 0.5, "map_ttl_s": 3.0, "busy_tau_s": BUSY_TAU_S}),
                 prefix=self.slices[name].prefix() if self.slices else None)
 
     def __enter__(self) -> "Sites":
@@ -104,6 +117,13 @@ class Sites:
         for sl in self.slices.values():  # capped once up: engine start-up is not what is measured
             sl.limit(self.site_cpu)
         return self
+
+    def switch(self, policy: str) -> None:
+        """Every site's front takes `policy` (fresh: no backoff, no sessions' sites)."""
+        for stack in self.stacks.values():
+            r = httpx.put(f"{stack.url}/baton/site/policy", json={"policy": policy},
+                          headers={"x-baton-site-token": TOKEN}, timeout=30)
+            r.raise_for_status()
 
     def throttled(self) -> dict[str, dict]:
         """Per site, how often its slice ran out of CPU time (empty without slices)."""
@@ -134,10 +154,11 @@ def arrivals(rate_per_s: dict[str, float], duration_s: float, turns: int, seed: 
     return sorted(out)
 
 
-async def _one(http: httpx.AsyncClient, sites: Sites, t0: float, item: tuple, history: dict) -> dict:
+async def _one(http: httpx.AsyncClient, sites: Sites, t0: float, item: tuple, history: dict, tag: str) -> dict:
     at, origin, session, turn = item
     await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-    key = session or f"{origin}-{at}"
+    session = session and f"{tag}{session}"
+    key = session or f"{tag}{origin}-{at}"
     convo = history.get(key) or messages(key)
     headers = {"x-session-affinity": session} if session else {}
     sent = time.monotonic()
@@ -145,7 +166,7 @@ async def _one(http: httpx.AsyncClient, sites: Sites, t0: float, item: tuple, hi
                         json={"model": "baton-tiny", "messages": convo, "max_tokens": 16,
                               "temperature": 0, "ignore_eos": True})
     took = time.monotonic() - sent
-    out = {"origin": origin, "status": r.status_code, "site": r.headers.get("x-baton-site", origin),
+    out = {"at": at, "origin": origin, "status": r.status_code, "site": r.headers.get("x-baton-site", origin),
            "seconds": took, "session": session, "turn": turn}
     if r.status_code == 200:
         usage = r.json()["usage"]
@@ -157,31 +178,37 @@ async def _one(http: httpx.AsyncClient, sites: Sites, t0: float, item: tuple, hi
     return out
 
 
-async def _sample(http: httpx.AsyncClient, sites: Sites, busy: dict[str, list[float]], stop: asyncio.Event) -> None:
-    """Every SAMPLE_S, each site's busy fraction from its own probe answer (1 - free/total permits)."""
+async def _sample(http: httpx.AsyncClient, sites: Sites, busy: dict[str, list[float]], stop: asyncio.Event,
+                  t0: float, window: tuple[float, float]) -> None:
+    """Every SAMPLE_S, each site's busy fraction from its own probe answer (1 - free/total permits),
+    kept while the plan's clock (seconds since `t0`) is within `window`."""
     while not stop.is_set():
+        now = time.monotonic() - t0
         for name, stack in sites.stacks.items():
             try:
                 a = (await http.get(f"{stack.url}/baton/site", headers={"x-baton-site-token": TOKEN})).json()
-                busy[name].append(1.0 - a["permits_free"] / a["permits_total"] if a["permits_total"] else 1.0)
+                if window[0] <= now <= window[1]:
+                    busy[name].append(1.0 - a["permits_free"] / a["permits_total"] if a["permits_total"] else 1.0)
             except (httpx.HTTPError, KeyError, ValueError):
                 pass
         await asyncio.sleep(SAMPLE_S)
 
 
-async def _drive(sites: Sites, plan: list[tuple]) -> tuple[list[dict], dict[str, list[float]]]:
-    """Sends `plan` (arrivals), sessions' turns in order; returns the results and the busy samples."""
+async def _drive(sites: Sites, plan: list[tuple], tag: str = "",
+                 window: tuple[float, float] = (0.0, math.inf)) -> tuple[list[dict], dict[str, list[float]]]:
+    """Sends `plan` (arrivals), sessions' turns in order, its prompts and sessions named with `tag`;
+    returns the results and the busy samples taken within `window` (plan seconds)."""
     history: dict = {}
     busy: dict[str, list[float]] = {s: [] for s in SITES}
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=512)) as http:
         t0, stop = time.monotonic(), asyncio.Event()
-        sampler = asyncio.ensure_future(_sample(http, sites, busy, stop))
+        sampler = asyncio.ensure_future(_sample(http, sites, busy, stop, t0, window))
         by_session: dict[str, list] = {}
         for item in plan:
             by_session.setdefault(item[2] or f"one-{id(item)}", []).append(item)
 
         async def session_run(items):  # a session's turns in order, each after the last answered
-            return [await _one(http, sites, t0, it, history) for it in items]
+            return [await _one(http, sites, t0, it, history, tag) for it in items]
 
         done = await asyncio.gather(*(session_run(v) for v in by_session.values()))
         stop.set()
@@ -265,43 +292,84 @@ def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict
 
 def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.0, duration_s: float = 60.0,
               permits: int = 2, turns: int = 3, seed: int = 0, hot_load: float | None = None,
-              site_cpu: float | None = None) -> dict:
-    """Runs every policy on fresh sites with the same arrivals; returns the report. `base_rps` 0:
-    `a` is offered `hot_load` times the answers per second a site gave in a closed loop with the
-    others loaded too (measured on the first policy's sites), each other site a `hotspot`-th of that.
+              site_cpu: float | None = None, rounds: int = ROUNDS) -> dict:
+    """Runs every policy on the same three sites, `rounds` rounds of one segment each, in an order
+    that alternates (module docstring), `duration_s` measured seconds per policy in all; returns
+    the report. `base_rps` 0: `a` is offered `hot_load` times the answers per second a site gave
+    in a closed loop with the others loaded too, each other site a `hotspot`-th of that.
     `site_cpu`: cores per site's CPU slice; None: SITE_CPU where cgroups allow it, else none; 0: none."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
     hot_load = hot_load or HOT_LOAD
     if site_cpu is None:
         site_cpu = SITE_CPU if cpu_slice.available() else 0.0
         if not site_cpu:
             print("[bench sites --local] no writable cgroup here: the sites share the cores", file=sys.stderr)
     workdir = bench_workdir("bench-sites")
+    each_s = duration_s / rounds
     report = {"sites": list(SITES), "one_way_s": {f"{a}-{b}": d for (a, b), d in LINKS.items()},
-              "duration_s": duration_s, "permits": permits, "site_cpu_cores": site_cpu or None,
-              "busy_tau_s": BUSY_TAU_S, "config": {"hotspot": "a", "hotspot_factor": hotspot}, "policies": {}}
-    plan = None
-    for policy in policies:
-        print(f"[bench sites --local] {policy}: starting 3 sites", file=sys.stderr)
-        with Sites(policy, permits, workdir, site_cpu) as sites:
-            time.sleep(3.0)  # a few probes: every site in every map
-            if plan is None:
-                if not base_rps:
-                    each = asyncio.run(_throughput([st.url for st in sites.stacks.values()], permits, CALIBRATE_S))
-                    report["site_capacity_each_rps"] = [round(x, 2) for x in each]
-                    report["site_capacity_rps"] = round(sum(each) / len(each), 2)
-                    base_rps = hot_load * report["site_capacity_rps"] / hotspot
-                report["rates_per_s"] = rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
-                plan = arrivals(rates, duration_s, turns, seed)
-                report["requests"] = len(plan)
-            print(f"[bench sites --local] {policy}: {len(plan)} requests over {duration_s:.0f} s", file=sys.stderr)
-            results, busy = asyncio.run(_drive(sites, plan))
-            throttled, counters = sites.throttled(), asyncio.run(_counters(sites))
-        report["policies"][policy] = {**summarize(results, busy), **counters, "cpu_throttled": throttled}
+              "duration_s": duration_s, "rounds": rounds, "warmup_s": WARMUP_S, "permits": permits,
+              "site_cpu_cores": site_cpu or None, "busy_tau_s": BUSY_TAU_S,
+              "config": {"hotspot": "a", "hotspot_factor": hotspot}, "segments": [], "policies": {}}
+    pooled = {p: {"results": [], "busy": {s: [] for s in SITES}, "decisions": {}, "forwards": {},
+                  "cpu_throttled": {}} for p in policies}
+    print("[bench sites --local] starting 3 sites", file=sys.stderr)
+    with Sites(permits, workdir, site_cpu) as sites:
+        time.sleep(3.0)  # a few probes: every site in every map
+        if not base_rps:
+            each = asyncio.run(_throughput([st.url for st in sites.stacks.values()], permits, CALIBRATE_S))
+            report["site_capacity_each_rps"] = [round(x, 2) for x in each]
+            report["site_capacity_rps"] = round(sum(each) / len(each), 2)
+            base_rps = hot_load * report["site_capacity_rps"] / hotspot
+        report["rates_per_s"] = rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
+        for r in range(rounds):
+            plan = arrivals(rates, WARMUP_S + each_s, turns, seed + r)
+            for policy in (policies if r % 2 == 0 else list(reversed(policies))):
+                print(f"[bench sites --local] round {r + 1}/{rounds}, {policy}: {len(plan)} requests over "
+                      f"{WARMUP_S + each_s:.0f} s", file=sys.stderr)
+                seg = _segment(sites, policy, plan, f"r{r}-{policy}-", each_s)
+                report["segments"].append({"round": r, "policy": policy, **summarize(seg["results"], seg["busy"])})
+                _pool(pooled[policy], seg)
+    for policy, acc in pooled.items():
+        report["policies"][policy] = {**summarize(acc["results"], acc["busy"]), "decisions": acc["decisions"],
+                                      "forwards": acc["forwards"], "cpu_throttled": acc["cpu_throttled"]}
         print(f"[bench sites --local] {policy}: {report['policies'][policy]}", file=sys.stderr)
+    report["requests"] = sum(len(acc["results"]) for acc in pooled.values()) // max(1, len(pooled))
     return report
+
+
+def _segment(sites: Sites, policy: str, plan: list[tuple], tag: str, each_s: float) -> dict:
+    """One policy's turn on the sites: switch, send `plan`, and keep what arrived after WARMUP_S
+    (results, busy samples, and the sites' counters and CPU throttling over the segment)."""
+    sites.switch(policy)
+    before, cpu0 = asyncio.run(_counters(sites)), sites.throttled()
+    results, busy = asyncio.run(_drive(sites, plan, tag, (WARMUP_S, WARMUP_S + each_s)))
+    after, cpu1 = asyncio.run(_counters(sites)), sites.throttled()
+    return {"results": [x for x in results if x["at"] >= WARMUP_S], "busy": busy,
+            "decisions": _minus(after["decisions"], before["decisions"]),
+            "forwards": _minus(after["forwards"], before["forwards"]),
+            "cpu_throttled": {n: _minus(cpu1[n], cpu0[n]) for n in cpu1}}
+
+
+def _minus(after: dict, before: dict) -> dict:
+    return {k: round(v - before.get(k, 0), 2) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def _pool(acc: dict, seg: dict) -> None:
+    """Adds a segment's results, samples and counts to its policy's totals."""
+    acc["results"] += seg["results"]
+    for site, samples in seg["busy"].items():
+        acc["busy"][site] += samples
+    for kind in ("decisions", "forwards"):
+        for k, v in seg[kind].items():
+            acc[kind][k] = acc[kind].get(k, 0) + v
+    for site, counts in seg["cpu_throttled"].items():
+        mine = acc["cpu_throttled"].setdefault(site, {})
+        for k, v in counts.items():
+            mine[k] = round(mine.get(k, 0) + v, 2)
 
 
 def run(args) -> dict:
     """bench/sites.py's `--local` mode."""
     return run_local(args.policies, args.hotspot_factor, args.base_rps, args.local_duration, args.permits,
-                     seed=args.seed, hot_load=args.hot_load, site_cpu=args.site_cpu)
+                     seed=args.seed, hot_load=args.hot_load, site_cpu=args.site_cpu, rounds=args.rounds)

@@ -99,6 +99,9 @@ class Front:
                 return await respond(send, 200, schemas.openapi_document())
             if path == "/baton/site" and self.sites is not None and self.sites.authorised(scope):
                 return await respond(send, 200, self.sites.answer())  # a peer site's probe
+            if (path == "/baton/site/policy" and method == "PUT" and self.sites is not None
+                    and self.sites.authorised(scope)):
+                return await respond(send, 200, await self.sites.switch_policy(receive))
             if self.batches is not None and path.startswith(("/v1/files", "/v1/batches")):
                 return await self.batches.handle(scope, receive, send, tenant_of(scope, self.cfg.serve, self.keys))
             tenant_of(scope, self.cfg.serve, self.keys)

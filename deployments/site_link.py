@@ -23,6 +23,10 @@ answer) is taken as unable to queue it, as this site's own view is.
 The map lives in each front's memory, rebuilt from its own probes, so sites
 share no Redis and a dead site drops out by expiry alone.
 
+`PUT /baton/site/policy` (site token) switches a front's policy without a
+restart: an operator falling back to `local_only`, or `baton bench sites
+--local` comparing policies on the same running sites.
+
 Admission counts a request once, at the site that serves it: the first
 site takes no permit for a request it forwards, and the serving site
 admits it against the same tenant, which the site token vouches for
@@ -32,6 +36,7 @@ admits it against the same tenant, which the site token vouches for
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import time
@@ -46,7 +51,7 @@ from deployments import relay
 from deployments.bodies import read_body
 from deployments.schemas import APIError
 from routing.latency_map import LatencyMap
-from routing.site_select import SiteDecision, SiteSelectConfig, SiteView, make_selector
+from routing.site_select import SITE_POLICIES, SiteDecision, SiteSelectConfig, SiteView, make_selector
 
 TOKEN_HEADER = "x-baton-site-token"
 ORIGIN_HEADER = "x-baton-site-origin"
@@ -165,6 +170,22 @@ class SiteLink:
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
                 "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row,
                 "queue_full_tenants": full[:_FULL_TENANTS]}
+
+    async def switch_policy(self, receive) -> dict:
+        """`PUT /baton/site/policy` (site token checked by the caller): reads {"policy": name} and
+        switches this front to a fresh policy of that name (no backoff, its RNG reseeded) and forgets
+        its sessions' sites, as a restart with `sites.policy` set would. The next request is chosen
+        by it. APIError 400 on a body that names no known policy."""
+        raw = await read_body(receive, 4096)
+        try:
+            name = json.loads(raw)["policy"]
+            selector = make_selector(name, self.selector.config, random.Random(self.cfg.routing.seed))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise APIError(400, f"a body {{\"policy\": one of {', '.join(SITE_POLICIES)}}} is needed ({exc})",
+                           param="policy") from None
+        self.selector = selector
+        self.sessions.clear()
+        return {"site": self.name, "policy": name}
 
     # -- requests from other sites ---------------------------------------------
 

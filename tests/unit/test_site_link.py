@@ -112,3 +112,30 @@ def test_a_peer_queue_full_for_the_tenant_is_not_offered_its_requests(tmp_path):
     assert posts == [] and [done for done, _ in outs] == [False, False]
     outs, posts, _, _ = asyncio.run(_scenario(tmp_path, peers, 2, tenant="u"))
     assert posts == ["b", "b"] and [done for done, _ in outs] == [True, True]
+
+
+def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
+    from deployments.schemas import APIError
+
+    async def scenario():
+        _, _, _, link = await _scenario(tmp_path, {"b": {}}, 0)
+
+        def body(raw: bytes):
+            async def receive():
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return receive
+
+        link.sessions["s1"] = ("b", 1e18)
+        answer = await link.switch_policy(body(b'{"policy": "local_only"}'))
+        assert answer == {"site": "a", "policy": "local_only"}
+        assert type(link.selector).__name__ == "LocalOnly" and not link.sessions
+        for raw in (b'{"policy": "nearest"}', b"{}", b"not json"):
+            try:
+                await link.switch_policy(body(raw))
+            except APIError as exc:
+                assert exc.status == 400 and "random_near" in str(exc.body())
+            else:
+                raise AssertionError(f"{raw!r} was accepted")
+        assert type(link.selector).__name__ == "LocalOnly"
+
+    asyncio.run(scenario())
