@@ -322,20 +322,25 @@ def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.0, du
             report["site_capacity_rps"] = round(sum(each) / len(each), 2)
             base_rps = hot_load * report["site_capacity_rps"] / hotspot
         report["rates_per_s"] = rates = {s: base_rps * (hotspot if s == "a" else 1.0) for s in SITES}
-        for r in range(rounds):
-            plan = arrivals(rates, WARMUP_S + each_s, turns, seed + r)
-            for policy in (policies if r % 2 == 0 else list(reversed(policies))):
-                print(f"[bench sites --local] round {r + 1}/{rounds}, {policy}: {len(plan)} requests over "
-                      f"{WARMUP_S + each_s:.0f} s", file=sys.stderr)
-                seg = _segment(sites, policy, plan, f"r{r}-{policy}-", each_s)
-                report["segments"].append({"round": r, "policy": policy, **summarize(seg["results"], seg["busy"])})
-                _pool(pooled[policy], seg)
+        plans = [arrivals(rates, WARMUP_S + each_s, turns, seed + r) for r in range(rounds)]
+        for r, policy in segment_order(policies, rounds):
+            print(f"[bench sites --local] round {r + 1}/{rounds}, {policy}: {len(plans[r])} requests over "
+                  f"{WARMUP_S + each_s:.0f} s", file=sys.stderr)
+            seg = _segment(sites, policy, plans[r], f"r{r}-{policy}-", each_s)
+            report["segments"].append({"round": r, "policy": policy, **summarize(seg["results"], seg["busy"])})
+            _pool(pooled[policy], seg)
     for policy, acc in pooled.items():
         report["policies"][policy] = {**summarize(acc["results"], acc["busy"]), "decisions": acc["decisions"],
                                       "forwards": acc["forwards"], "cpu_throttled": acc["cpu_throttled"]}
         print(f"[bench sites --local] {policy}: {report['policies'][policy]}", file=sys.stderr)
     report["requests"] = sum(len(acc["results"]) for acc in pooled.values()) // max(1, len(pooled))
     return report
+
+
+def segment_order(policies, rounds: int) -> list[tuple[int, str]]:
+    """(round, policy) in the order they run: the policies as given in even rounds, reversed in
+    odd ones (A B C, C B A, A B C ...), so that a drift in the machine's speed falls on each alike."""
+    return [(r, p) for r in range(rounds) for p in (list(policies) if r % 2 == 0 else list(reversed(policies)))]
 
 
 def _segment(sites: Sites, policy: str, plan: list[tuple], tag: str, each_s: float) -> dict:
