@@ -283,6 +283,11 @@ def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict
                            "forwarded_p50_origin_hops": None},
         "session_keep": round(sum(r["site"] == first[r["session"]] for r in later) / len(later), 3) if later else None,
         "session_turns_2plus": len(later),
+        # where the session began: on its origin (home: the site's own view is exact) or elsewhere
+        "session_keep_by_first": {
+            where: round(sum(r["site"] == first[r["session"]] for r in rs) / len(rs), 3) if rs else None
+            for where, rs in (("home", [r for r in later if first[r["session"]] == r["origin"]]),
+                              ("away", [r for r in later if first[r["session"]] != r["origin"]]))},
         "turn2_cached_share": round(sum(r["cached_tokens"] for r in later) /
                                     max(1, sum(r["prompt_tokens"] for r in later)), 3) if later else None,
         "latency_s": {"p50": p([r["seconds"] for r in ok], 50), "p90": p([r["seconds"] for r in ok], 90)},

@@ -7,14 +7,17 @@ alive), the ``LatencyMap`` of measured RTTs, and ``now``. Randomness comes
 from an injected RNG. The rules, in order (``SiteSelector.choose``):
 
 1. Session: a turn of a session goes back to the site that served its
-   previous turn (its prefix cache is there) while that site can serve it:
-   alive, reachable (an unexpired RTT), and a free permit or a queue wait
-   within ``max_queue_wait_s``; while it is backed off, only a view heard
-   after its last refusal that shows a free permit will do. A refusal is
-   often a queue that was full for a moment, and the session's prefix is
-   worth a round trip to find out (a turn refused there runs at its origin);
-   a site that stopped answering sends no newer view. Sessions are never
-   moved for balance; balance is made with new work.
+   previous turn (its prefix cache is there) while that site can serve it.
+   The origin itself, whose view is exact: a free permit or a queue wait
+   within ``max_queue_wait_s``. Another site: alive and reachable (an
+   unexpired RTT), whatever its view says of its queue; while it is backed
+   off, only a view heard after its last refusal that shows a free permit
+   will do. A view of another site is a probe old, often older than a
+   request's service time, and a full queue is often full for a moment:
+   the session's prefix is worth a round trip to find out (a turn refused
+   there is chosen again, rules 2-5). A site that stopped answering sends
+   no newer view. Sessions are never moved for balance; balance is made
+   with new work.
 2. Local: the origin serves the request itself when it has a free permit
    and is not *hot*. Hot = its load is above its spill point and some near
    site with a free permit is at least ``balance_margin`` less loaded (a
@@ -291,10 +294,11 @@ class SiteSelector:
                  now: float) -> SiteDecision | None:
         """Rule 1: the session's site if it can serve the turn, else None."""
         rtt, view = latency.rtt(origin, site, now), views.get(site)
-        if rtt is None or not can_queue(view, self.config.max_queue_wait_s):
+        if site == origin:
+            return SiteDecision(site, "session", 0.0) if can_queue(view, self.config.max_queue_wait_s) else None
+        if rtt is None or view is None or not view.alive or view.permits_total == 0:
             return None
-        if (site != origin and self.backoff.active(site, now)
-                and not (view.permits_free > 0 and self.backoff.heard_since(site, view))):
+        if self.backoff.active(site, now) and not (view.permits_free > 0 and self.backoff.heard_since(site, view)):
             return None
         return SiteDecision(site, "session", rtt)
 

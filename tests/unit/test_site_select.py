@@ -141,8 +141,12 @@ def test_session_stays_on_its_site_while_it_can_serve():
     assert selector().choose("o", v, lat, 0.0, session_site="a") == SiteDecision("a", "session", pytest.approx(4 * MS))
     v = views(view("o", 10), view("a", 0, wait=1.0), view("b", 10))  # full but the queue admits
     assert selector().choose("o", v, lat, 0.0, session_site="a").reason == "session"
+    # full as its view (a probe old) says: still worth the round trip for the prefix
     v = views(view("o", 10), view("a", **FULL), view("b", 10))
-    assert selector().choose("o", v, lat, 0.0, session_site="a") == SiteDecision("o", "local", 0.0)
+    assert selector().choose("o", v, lat, 0.0, session_site="a") == SiteDecision("a", "session", pytest.approx(4 * MS))
+    # ... but the origin's own view is exact: a full origin moves its session's turn
+    v = views(view("o", **FULL), view("a", 10))
+    assert selector().choose("o", v, lat, 0.0, session_site="o").site == "a"
     v = views(view("o", 10), view("a", 5, alive=False), view("b", 10))
     assert selector().choose("o", v, lat, 0.0, session_site="a").site == "o"
     # its site is unknown to the map (expired): not reachable, moves

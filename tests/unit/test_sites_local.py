@@ -38,6 +38,7 @@ def test_segments_pool_into_one_summary_per_policy():
     assert (s["requests"], s["served"], s["rejected"]) == (5, 4, 1)
     assert s["utilisation"] == {"a": 0.75, "b": 0.25} and s["util_max_over_mean"] == 1.5
     assert s["session_turns_2plus"] == 2 and s["session_keep"] == 0.5
+    assert s["session_keep_by_first"] == {"home": 0.5, "away": None}
     assert s["turn2_cached_share"] == 0.45  # 90 of 200 prompt tokens
     assert s["forwarded_share"] == 0.25 and s["added_rtt_ms"]["forwarded_p50"] == 20.0
 
