@@ -92,12 +92,12 @@ class IngressMetrics:
 
     def _site_metrics(self, r: CollectorRegistry) -> None:
         """Routing across sites (deployments/site_link.py)."""
-        self.site_decisions = Counter("baton_site_decisions_total", "where the site policy sent a request: "
-                                      "session, local, spill, wait_local, queue_remote, rejected", ["reason"],
-                                      registry=r)
+        self.site_decisions = Counter("baton_site_decisions_total", "the site policy's choices (a request refused "
+                                      "by another site is chosen again): session, local, spill, wait_local, "
+                                      "queue_remote, rejected", ["reason"], registry=r)
         self.site_forwards = Counter("baton_site_forwards_total", "requests sent to another site, by outcome: "
-                                     "served, refused (429) or unreachable (then run here)", ["site", "outcome"],
-                                     registry=r)
+                                     "served, refused (429) or unreachable (then chosen again, or run here)",
+                                     ["site", "outcome"], registry=r)
         self.site_rtt = Gauge("baton_site_rtt_seconds", "last probe round trip to each peer site", ["site"],
                               registry=r)
 
