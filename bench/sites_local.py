@@ -126,8 +126,9 @@ class Sites:
             r.raise_for_status()
 
     def throttled(self) -> dict[str, dict]:
-        """Per site, how often its slice ran out of CPU time (empty without slices)."""
-        return {n: sl.throttled() for n, sl in self.slices.items()}
+        """Per site, how often its slice ran out of CPU time and the CPU seconds its processes have
+        used (`cpu_s`); empty without slices."""
+        return {n: {**sl.throttled(), "cpu_s": sl.cpu_seconds()} for n, sl in self.slices.items()}
 
     def __exit__(self, *exc) -> None:
         for s in self.stacks.values():

@@ -109,6 +109,18 @@ class CpuSlice:
     def pids(self) -> list[int]:
         return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the slice's live processes have used so far, from /proc: what
+        they computed, whatever the quota. A process that already exited is not counted. Reads only."""
+        total = 0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        return round(total / os.sysconf("SC_CLK_TCK"), 2)
+
     def close(self) -> None:
         """Removes the slice. Processes still in it (none, once what it ran has stopped) go back to
         the root, uncapped; they are not signalled. Does nothing once removed."""

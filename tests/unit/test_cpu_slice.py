@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -31,6 +32,7 @@ def test_a_capped_slice_gets_its_share_and_the_kernel_counts_the_throttling():
         assert s.cap() == 0.25
         assert _cpu_seconds(s.prefix()) < 0.4  # a second's spin at a quarter of a core (less when busy)
         assert s.throttled()["throttled"] > 0
+        assert s.cpu_seconds() == 0.0  # the spinner has exited: only live processes count
         s.limit(None)
         assert s.cap() is None
     finally:
@@ -65,3 +67,19 @@ def test_a_quota_this_machine_cannot_give_is_a_config_error_naming_the_field(tmp
     cpu_slice.check(load_config(write(tmp_path, "decode: {replicas: 1}\n"), environ={}), "f.yaml")  # none asked
     with pytest.raises(ConfigError, match="decode.resources.cpu_quota"):
         load_config(write(tmp_path, "decode:\n  resources: {cpu_quota: 0}\n"), environ={})
+
+
+@needs_cgroups
+def test_a_slice_counts_the_cpu_time_of_its_live_processes():
+    s = cpu_slice.CpuSlice("test-usage")
+    spin_then_wait = "import time\nwhile time.process_time() < 0.5: pass\ntime.sleep(30)"
+    proc = subprocess.Popen([*s.prefix(), sys.executable, "-c", spin_then_wait])
+    try:
+        deadline = time.monotonic() + 10
+        while s.cpu_seconds() < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 0.3 <= s.cpu_seconds() < 5.0
+    finally:
+        proc.kill()
+        proc.wait()
+        s.close()
