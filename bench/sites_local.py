@@ -273,6 +273,9 @@ def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict
     def p(values: list[float], q: float) -> float | None:
         return round(percentile(values, q), 2) if values else None
 
+    def kept(rs: list[dict]) -> float | None:  # the share of turns served on their session's first site
+        return round(sum(r["site"] == first[r["session"]] for r in rs) / len(rs), 3) if rs else None
+
     return {
         "requests": len(results), "served": len(ok), "rejected": sum(r["status"] == 429 for r in results),
         "errors": sum(r["status"] not in (200, 429) for r in results),
@@ -282,13 +285,11 @@ def summarize(results: list[dict], busy_samples: dict[str, list[float]]) -> dict
         "added_rtt_hops": {"fleet_hop_ms": hop_ms,
                            "forwarded_p50_fleet_hops": round(p(fwd, 50) / hop_ms, 2) if fwd else None,
                            "forwarded_p50_origin_hops": None},
-        "session_keep": round(sum(r["site"] == first[r["session"]] for r in later) / len(later), 3) if later else None,
+        "session_keep": kept(later),
         "session_turns_2plus": len(later),
         # where the session began: on its origin (home: the site's own view is exact) or elsewhere
-        "session_keep_by_first": {
-            where: round(sum(r["site"] == first[r["session"]] for r in rs) / len(rs), 3) if rs else None
-            for where, rs in (("home", [r for r in later if first[r["session"]] == r["origin"]]),
-                              ("away", [r for r in later if first[r["session"]] != r["origin"]]))},
+        "session_keep_by_first": {"home": kept([r for r in later if first[r["session"]] == r["origin"]]),
+                                  "away": kept([r for r in later if first[r["session"]] != r["origin"]])},
         "turn2_cached_share": round(sum(r["cached_tokens"] for r in later) /
                                     max(1, sum(r["prompt_tokens"] for r in later)), 3) if later else None,
         "latency_s": {"p50": p([r["seconds"] for r in ok], 50), "p90": p([r["seconds"] for r in ok], 90)},
@@ -339,7 +340,7 @@ def run_local(policies=POLICIES, hotspot: float = 5.0, base_rps: float = 0.0, du
         report["policies"][policy] = {**summarize(acc["results"], acc["busy"]), "decisions": acc["decisions"],
                                       "forwards": acc["forwards"], "cpu_throttled": acc["cpu_throttled"]}
         print(f"[bench sites --local] {policy}: {report['policies'][policy]}", file=sys.stderr)
-    report["requests"] = sum(len(acc["results"]) for acc in pooled.values()) // max(1, len(pooled))
+    report["requests"] = len(pooled[policies[0]]["results"])  # measured, the same arrivals for each policy
     return report
 
 
@@ -366,18 +367,20 @@ def _minus(after: dict, before: dict) -> dict:
     return {k: round(v - before.get(k, 0), 2) for k, v in after.items() if v - before.get(k, 0)}
 
 
+def _add(into: dict, counts: dict) -> None:
+    for k, v in counts.items():
+        into[k] = round(into.get(k, 0) + v, 2)
+
+
 def _pool(acc: dict, seg: dict) -> None:
     """Adds a segment's results, samples and counts to its policy's totals."""
     acc["results"] += seg["results"]
     for site, samples in seg["busy"].items():
         acc["busy"][site] += samples
-    for kind in ("decisions", "forwards"):
-        for k, v in seg[kind].items():
-            acc[kind][k] = acc[kind].get(k, 0) + v
+    _add(acc["decisions"], seg["decisions"])
+    _add(acc["forwards"], seg["forwards"])
     for site, counts in seg["cpu_throttled"].items():
-        mine = acc["cpu_throttled"].setdefault(site, {})
-        for k, v in counts.items():
-            mine[k] = round(mine.get(k, 0) + v, 2)
+        _add(acc["cpu_throttled"].setdefault(site, {}), counts)
 
 
 def run(args) -> dict:

@@ -148,28 +148,28 @@ class SiteLink:
         """This site's free permits and the wait a new request would have here, from its admission
         (this front's share): none with a permit free, else its place in the queue times the
         measured service time per permit (UNKNOWN_SERVICE_S before any request has finished), or
-        no end when the queue is full (`tenant`'s own bound when given, else the total's)."""
+        no end when the queue is full (the total's bound; `tenant`'s own too when given, read
+        through `SiteView.for_tenant` as a peer's view is). `queue_full_for`: the tenants at their
+        own bound here."""
         snap, adm = self.gate.snapshot(), self.cfg.admission
         free = max(0, snap.capacity - snap.permits_in_use - snap.queue_len)
         service = snap.service_time_s if snap.service_time_s is not None else UNKNOWN_SERVICE_S
         waiting = 0.0 if free else (snap.queue_len + 1) * service / max(1, snap.capacity)
-        mine = snap.tenants[tenant].queue_len if tenant in snap.tenants else 0
-        if not free and (snap.queue_len >= adm.max_queue_total or
-                         (tenant is not None and mine >= adm.max_queue_per_tenant)):
-            waiting = math.inf
+        if not free and (snap.queue_len >= adm.max_queue_total or adm.max_queue_per_tenant == 0):
+            waiting = math.inf  # full, or no tenant may queue at all
+        full = frozenset(t for t, ts in snap.tenants.items() if ts.queue_len >= adm.max_queue_per_tenant)
         return SiteView(self.name, min(free, snap.capacity), snap.capacity, waiting,
-                        busy_avg=self.busy_avg if self._busy_at is not None else None)
+                        busy_avg=self.busy_avg if self._busy_at is not None else None,
+                        queue_full_for=full).for_tenant(tenant)
 
     def answer(self) -> dict:
         """What a peer's probe gets: this site's capacity and its row of the latency map."""
         v, now = self.local_view(), self.clock()
         wait = v.queue_wait_s if math.isfinite(v.queue_wait_s) else 3600.0  # JSON has no infinity
         row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
-        bound = self.cfg.admission.max_queue_per_tenant
-        full = sorted(t for t, ts in self.gate.snapshot().tenants.items() if ts.queue_len >= bound)
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
                 "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row,
-                "queue_full_tenants": full[:_FULL_TENANTS]}
+                "queue_full_tenants": sorted(v.queue_full_for)[:_FULL_TENANTS]}
 
     async def switch_policy(self, receive) -> dict:
         """`PUT /baton/site/policy` (site token checked by the caller): reads {"policy": name} and

@@ -139,3 +139,25 @@ def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
         assert type(link.selector).__name__ == "LocalOnly"
 
     asyncio.run(scenario())
+
+
+def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_full(tmp_path):
+    async def scenario():
+        (tmp_path / "token").write_text("s3cret")
+        cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
+                                          "  peers: [{name: b, url: 'http://127.0.0.1:9'}]\n"
+                                          "admission: {capacity_per_replica: 1, max_queue_per_tenant: 1,"
+                                          " max_queue_total: 4}\n"), environ={})
+        gate = AsyncAdmission(Admission(cfg.admission, replicas=1))
+        held = await gate.acquire("x")
+        waiting = asyncio.ensure_future(gate.acquire("t"))  # t's one place in the queue
+        await asyncio.sleep(0.01)
+        async with ClientSession() as http:
+            link = SiteLink(cfg, gate, http)
+            assert link.local_view("t").queue_wait_s == float("inf")
+            assert 0 < link.local_view("u").queue_wait_s < float("inf")
+            assert link.answer()["queue_full_tenants"] == ["t"]
+        held.release()
+        (await waiting).release()
+
+    asyncio.run(scenario())
