@@ -63,6 +63,11 @@ _FULL_TENANTS = 256  # the most tenants a probe answer names as queue-full
 UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
 
 
+def _room(value) -> int | None:
+    """A probe answer's `queue_room`: places >= 0, or None where the peer does not report it."""
+    return None if value is None else max(0, int(value))
+
+
 def check(cfg: BatonConfig, source: str) -> None:
     """Checks the `sites:` section before anything starts: the token is readable and `sites.select`
     names SiteSelectConfig's fields. Raises ConfigError naming the field and the file."""
@@ -139,7 +144,8 @@ class SiteLink:
         self.views[name] = (SiteView(name, int(answer["permits_free"]), int(answer["permits_total"]),
                                      float(answer["queue_wait_s"]),
                                      busy_avg=float(busy_avg) if busy_avg is not None else None, as_of=now,
-                                     queue_full_for=frozenset(map(str, answer.get("queue_full_tenants") or ()))),
+                                     queue_full_for=frozenset(map(str, answer.get("queue_full_tenants") or ())),
+                                     queue_room=_room(answer.get("queue_room"))),
                              now)
         if self.metrics is not None:
             self.metrics.site_rtt.labels(name).set(now - t0)
@@ -150,7 +156,7 @@ class SiteLink:
         measured service time per permit (UNKNOWN_SERVICE_S before any request has finished), or
         no end when the queue is full (the total's bound; `tenant`'s own too when given, read
         through `SiteView.for_tenant` as a peer's view is). `queue_full_for`: the tenants at their
-        own bound here."""
+        own bound here; `queue_room`: the places left in the queue (`tenant`'s, when given)."""
         snap, adm = self.gate.snapshot(), self.cfg.admission
         free = max(0, snap.capacity - snap.permits_in_use - snap.queue_len)
         service = snap.service_time_s if snap.service_time_s is not None else UNKNOWN_SERVICE_S
@@ -158,9 +164,13 @@ class SiteLink:
         if not free and (snap.queue_len >= adm.max_queue_total or adm.max_queue_per_tenant == 0):
             waiting = math.inf  # full, or no tenant may queue at all
         full = frozenset(t for t, ts in snap.tenants.items() if ts.queue_len >= adm.max_queue_per_tenant)
+        room = adm.max_queue_total - snap.queue_len
+        if tenant is not None:
+            mine = snap.tenants.get(tenant)
+            room = min(room, adm.max_queue_per_tenant - (mine.queue_len if mine is not None else 0))
         return SiteView(self.name, min(free, snap.capacity), snap.capacity, waiting,
                         busy_avg=self.busy_avg if self._busy_at is not None else None,
-                        queue_full_for=full).for_tenant(tenant)
+                        queue_full_for=full, queue_room=max(0, room)).for_tenant(tenant)
 
     def answer(self) -> dict:
         """What a peer's probe gets: this site's capacity and its row of the latency map."""
@@ -169,7 +179,7 @@ class SiteLink:
         row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
                 "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row,
-                "queue_full_tenants": sorted(v.queue_full_for)[:_FULL_TENANTS]}
+                "queue_full_tenants": sorted(v.queue_full_for)[:_FULL_TENANTS], "queue_room": v.queue_room}
 
     async def switch_policy(self, receive) -> dict:
         """`PUT /baton/site/policy` (site token checked by the caller): reads {"policy": name} and

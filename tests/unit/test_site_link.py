@@ -23,11 +23,12 @@ from tests.unit.test_config import write
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
-def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str]) -> web.Application:
+def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str], room: int | None = None) -> web.Application:
     async def probe(_request):
-        return web.json_response({"site": name, "permits_free": 0 if full_for else 4, "permits_total": 4,
+        full = bool(full_for) or room is not None
+        return web.json_response({"site": name, "permits_free": 0 if full else 4, "permits_total": 4,
                                   "queue_wait_s": 0.1, "busy_avg": 0.1, "rtt_s": {},
-                                  "queue_full_tenants": full_for})
+                                  "queue_full_tenants": full_for, "queue_room": room})
 
     async def chat(_request):
         posts.append(name)
@@ -49,7 +50,8 @@ async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str
     posts: list[str] = []
     runners, urls = [], {}
     for name, spec in peers.items():
-        runner = web.AppRunner(_peer(name, spec.get("refuse", False), spec.get("full_for", []), posts))
+        runner = web.AppRunner(_peer(name, spec.get("refuse", False), spec.get("full_for", []), posts,
+                                     spec.get("room")))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -114,6 +116,13 @@ def test_a_peer_queue_full_for_the_tenant_is_not_offered_its_requests(tmp_path):
     assert posts == ["b", "b"] and [done for done, _ in outs] == [True, True]
 
 
+def test_new_work_queues_where_more_than_the_turns_reserve_is_left(tmp_path):
+    # both peers full with the same wait; b's queue has only its last place (the turns' reserve)
+    outs, posts, _, link = asyncio.run(_scenario(tmp_path, {"b": {"room": 1}, "c": {"room": 3}}, 4))
+    assert posts == ["c"] * 4 and [done for done, _ in outs] == [True] * 4
+    assert link.views["b"][0].queue_room == 1
+
+
 def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
     from deployments.schemas import APIError
 
@@ -141,7 +150,7 @@ def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
     asyncio.run(scenario())
 
 
-def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_full(tmp_path):
+def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_full_and_the_room(tmp_path):
     async def scenario():
         (tmp_path / "token").write_text("s3cret")
         cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
@@ -157,6 +166,9 @@ def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_ful
             assert link.local_view("t").queue_wait_s == float("inf")
             assert 0 < link.local_view("u").queue_wait_s < float("inf")
             assert link.answer()["queue_full_tenants"] == ["t"]
+            # places left in the queue: 3 of the total's 4, none of t's own one, u's one
+            assert (link.local_view().queue_room, link.local_view("t").queue_room,
+                    link.local_view("u").queue_room, link.answer()["queue_room"]) == (3, 0, 1, 3)
         held.release()
         (await waiting).release()
 
