@@ -16,9 +16,10 @@ Each front of a site (`sites:` in the config, common/config_sites.py)
   policy chooses again (`sites.select.max_attempts` choices in all); then
   the request runs here after all: nothing that had not started is lost.
 
-A peer's view is read for the request's tenant: a peer with no free permit
-whose queue is full for that tenant (it names such tenants in its probe
-answer) is taken as unable to queue it, as this site's own view is.
+A peer's view is read for the request's tenant: its probe answer names the
+tenants with at most the turns' reserve of queue places left there, and a
+peer with no free permit whose queue is full for the request's tenant is
+taken as unable to queue it, as this site's own view is.
 
 The map lives in each front's memory, rebuilt from its own probes, so sites
 share no Redis and a dead site drops out by expiry alone.
@@ -59,7 +60,7 @@ TENANT_HEADER = "x-baton-site-tenant"
 SITE_HEADER = "x-baton-site"  # on answers: the site that served the request
 _PASSED = (SESSION_HEADER, "x-baton-deadline-s", "x-baton-tier")
 _SESSIONS = 65536
-_FULL_TENANTS = 256  # the most tenants a probe answer names as queue-full
+_LOW_TENANTS = 256  # the most tenants a probe answer names with their queue room (the fullest first)
 UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
 
 
@@ -144,8 +145,9 @@ class SiteLink:
         self.views[name] = (SiteView(name, int(answer["permits_free"]), int(answer["permits_total"]),
                                      float(answer["queue_wait_s"]),
                                      busy_avg=float(busy_avg) if busy_avg is not None else None, as_of=now,
-                                     queue_full_for=frozenset(map(str, answer.get("queue_full_tenants") or ())),
-                                     queue_room=_room(answer.get("queue_room"))),
+                                     queue_room=_room(answer.get("queue_room")),
+                                     tenant_room={str(t): max(0, int(n)) for t, n in
+                                                  (answer.get("tenant_room") or {}).items()}),
                              now)
         if self.metrics is not None:
             self.metrics.site_rtt.labels(name).set(now - t0)
@@ -155,22 +157,20 @@ class SiteLink:
         (this front's share): none with a permit free, else its place in the queue times the
         measured service time per permit (UNKNOWN_SERVICE_S before any request has finished), or
         no end when the queue is full (the total's bound; `tenant`'s own too when given, read
-        through `SiteView.for_tenant` as a peer's view is). `queue_full_for`: the tenants at their
-        own bound here; `queue_room`: the places left in the queue (`tenant`'s, when given)."""
+        through `SiteView.for_tenant` as a peer's view is). `queue_room`: the places left in the
+        queue; `tenant_room`: the tenants with at most the turns' reserve of places left here."""
         snap, adm = self.gate.snapshot(), self.cfg.admission
         free = max(0, snap.capacity - snap.permits_in_use - snap.queue_len)
         service = snap.service_time_s if snap.service_time_s is not None else UNKNOWN_SERVICE_S
         waiting = 0.0 if free else (snap.queue_len + 1) * service / max(1, snap.capacity)
         if not free and (snap.queue_len >= adm.max_queue_total or adm.max_queue_per_tenant == 0):
             waiting = math.inf  # full, or no tenant may queue at all
-        full = frozenset(t for t, ts in snap.tenants.items() if ts.queue_len >= adm.max_queue_per_tenant)
-        room = adm.max_queue_total - snap.queue_len
-        if tenant is not None:
-            mine = snap.tenants.get(tenant)
-            room = min(room, adm.max_queue_per_tenant - (mine.queue_len if mine is not None else 0))
+        low = self.selector.config.turn_reserve
+        rooms = {t: max(0, adm.max_queue_per_tenant - ts.queue_len) for t, ts in snap.tenants.items() if ts.queue_len}
         return SiteView(self.name, min(free, snap.capacity), snap.capacity, waiting,
                         busy_avg=self.busy_avg if self._busy_at is not None else None,
-                        queue_full_for=full, queue_room=max(0, room)).for_tenant(tenant)
+                        queue_room=max(0, min(adm.max_queue_total - snap.queue_len, adm.max_queue_per_tenant)),
+                        tenant_room={t: n for t, n in rooms.items() if n <= low}).for_tenant(tenant)
 
     def answer(self) -> dict:
         """What a peer's probe gets: this site's capacity and its row of the latency map."""
@@ -179,7 +179,8 @@ class SiteLink:
         row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
                 "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row,
-                "queue_full_tenants": sorted(v.queue_full_for)[:_FULL_TENANTS], "queue_room": v.queue_room}
+                "queue_room": v.queue_room,
+                "tenant_room": dict(sorted(v.tenant_room.items(), key=lambda e: (e[1], e[0]))[:_LOW_TENANTS])}
 
     async def switch_policy(self, receive) -> dict:
         """`PUT /baton/site/policy` (site token checked by the caller): reads {"policy": name} and

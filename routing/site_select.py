@@ -76,6 +76,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from routing.latency_map import LatencyMap
@@ -92,9 +93,11 @@ class SiteView:
     site's busy fraction (1 - free/total) averaged over about a session's life
     (an EWMA the site keeps); None where not reported, and ``load`` is then the
     instantaneous fraction. ``as_of``: when the origin heard it (None: unknown,
-    taken as older than any refusal). ``queue_full_for``: tenants whose own queue there is at
-    its bound (the site's admission refuses them a place even where the total has room).
-    ``queue_room``: places left in its admission queue (None: not reported, or unbounded).
+    taken as older than any refusal). ``queue_room``: places left in its admission queue for a
+    tenant with nothing queued there (the total's room, at most the per-tenant bound); None: not
+    reported, or unbounded. ``tenant_room``: the tenants with requests queued there and at most a
+    few places left (the site's ``turn_reserve``), and those places; 0: its admission refuses the
+    tenant a place even where the total has room.
     """
 
     name: str
@@ -104,8 +107,8 @@ class SiteView:
     alive: bool = True
     busy_avg: float | None = None
     as_of: float | None = None
-    queue_full_for: frozenset[str] = frozenset()
     queue_room: int | None = None
+    tenant_room: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.permits_total < 0 or not 0 <= self.permits_free <= self.permits_total:
@@ -123,11 +126,15 @@ class SiteView:
         return 1.0 - self.permits_free / self.permits_total if self.permits_total else 1.0
 
     def for_tenant(self, tenant: str | None) -> "SiteView":
-        """This view as a request of ``tenant`` finds it: no queue (an endless wait) where no
-        permit is free and the tenant's queue is full; else unchanged. Reads only."""
-        if tenant is None or self.permits_free or tenant not in self.queue_full_for:
+        """This view as a request of ``tenant`` finds it: the queue room is the tenant's where
+        ``tenant_room`` names it, and no queue (an endless wait) where no permit is free and the
+        tenant's queue is full; else unchanged. Reads only."""
+        room = self.tenant_room.get(tenant) if tenant is not None else None
+        if room is None:
             return self
-        return dataclasses.replace(self, queue_wait_s=math.inf)
+        wait = math.inf if room == 0 and not self.permits_free else self.queue_wait_s
+        return dataclasses.replace(self, queue_wait_s=wait,
+                                   queue_room=room if self.queue_room is None else min(room, self.queue_room))
 
     @property
     def load(self) -> float:

@@ -28,7 +28,7 @@ def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str], room: 
         full = bool(full_for) or room is not None
         return web.json_response({"site": name, "permits_free": 0 if full else 4, "permits_total": 4,
                                   "queue_wait_s": 0.1, "busy_avg": 0.1, "rtt_s": {},
-                                  "queue_full_tenants": full_for, "queue_room": room})
+                                  "tenant_room": {t: 0 for t in full_for}, "queue_room": room})
 
     async def chat(_request):
         posts.append(name)
@@ -165,10 +165,10 @@ def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_ful
             link = SiteLink(cfg, gate, http)
             assert link.local_view("t").queue_wait_s == float("inf")
             assert 0 < link.local_view("u").queue_wait_s < float("inf")
-            assert link.answer()["queue_full_tenants"] == ["t"]
-            # places left in the queue: 3 of the total's 4, none of t's own one, u's one
+            # places left in the queue: none of t's own one (named), one for any other tenant
+            assert link.answer()["tenant_room"] == {"t": 0}
             assert (link.local_view().queue_room, link.local_view("t").queue_room,
-                    link.local_view("u").queue_room, link.answer()["queue_room"]) == (3, 0, 1, 3)
+                    link.local_view("u").queue_room, link.answer()["queue_room"]) == (1, 0, 1, 1)
         held.release()
         (await waiting).release()
 

@@ -124,11 +124,12 @@ def test_full_everywhere_queues_remotely_then_rejects():
 
 def test_a_site_whose_queue_is_full_for_the_tenant_cannot_queue_it():
     # b has no permit free and names tenant t as queue-full: t's request must not queue there
-    b = SiteView("b", 0, 10, 0.5, queue_full_for=frozenset({"t"}))
+    b = SiteView("b", 0, 10, 0.5, queue_room=8, tenant_room={"t": 0, "v": 1})
     assert b.for_tenant("u") is b and b.for_tenant(None) is b
     assert b.for_tenant("t").queue_wait_s == float("inf")
-    freed = SiteView("b", 1, 10, 0.0, queue_full_for=frozenset({"t"}))
-    assert freed.for_tenant("t") is freed  # a free permit admits it whatever the queue
+    assert (b.for_tenant("v").queue_wait_s, b.for_tenant("v").queue_room) == (0.5, 1)  # its own room
+    freed = SiteView("b", 1, 10, 0.0, tenant_room={"t": 0})
+    assert freed.for_tenant("t").queue_wait_s == 0.0  # a free permit admits it whatever the queue
     o = view("o", **FULL)
     near = lmap({"b": 4})
     assert selector().choose("o", views(o, b.for_tenant("u")), near, 0.0).site == "b"
