@@ -94,7 +94,7 @@ class IngressMetrics:
         """Routing across sites (deployments/site_link.py)."""
         self.site_decisions = Counter("baton_site_decisions_total", "the site policy's choices (a request refused "
                                       "by another site is chosen again): session, local, spill, wait_local, "
-                                      "queue_remote, rejected", ["reason"], registry=r)
+                                      "queue_remote, far, rejected", ["reason"], registry=r)
         self.site_forwards = Counter("baton_site_forwards_total", "requests sent to another site, by outcome: "
                                      "served, refused (429) or unreachable (then chosen again, or run here)",
                                      ["site", "outcome"], registry=r)

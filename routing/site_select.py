@@ -47,13 +47,18 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
    queue admits it (wait <= ``max_queue_wait_s``).
 4. Remote queue: when the local queue is too long too, the near site whose
    queue admits the request with the least ``rtt + queue_wait_s``.
-5. Otherwise reject: out of capacity.
+5. Far: when no near site can take it either, the live sites beyond the near
+   set but within ``near_max_rtt_s``: a capacity-weighted draw among those
+   with a free permit, else the queue with the least ``rtt + queue_wait_s``.
+   A region of few sites (Sydney's near set is Melbourne and Brisbane) sheds
+   past its ring only then, not for balance.
+6. Otherwise reject: out of capacity.
 
-Turns' reserve: rules 2-5 are first tried with the last ``turn_reserve``
+Turns' reserve: rules 2-6 are first tried with the last ``turn_reserve``
 places of every full site's queue (``SiteView.queue_room``) kept for its
 sessions' turns, so new work goes to any near free permit, or a queue with
 more room, before it takes them; only where that finds nowhere do rules
-2-5 run again with the whole queues (a reserved place before a 429). A
+2-6 run again with the whole queues (a reserved place before a 429). A
 turn moved off its site recomputes its whole prompt; new work, cached
 nowhere, pays only the round trip.
 
@@ -80,6 +85,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from routing.latency_map import LatencyMap
+from routing.site_backoff import Backoff
 from routing.queueing import busy_at_wait_chance
 
 
@@ -146,7 +152,7 @@ class SiteView:
 class SiteDecision:
     """Where a request goes: ``site`` None means rejected (out of capacity).
 
-    ``reason``: "session" | "local" | "spill" | "wait_local" | "queue_remote" | "rejected"
+    ``reason``: "session" | "local" | "spill" | "wait_local" | "queue_remote" | "far" | "rejected"
     (baselines: "local" | "nearest" | "rejected"). ``rtt_s``: the round trip the
     request pays to get there (0 when served by its origin).
     """
@@ -229,36 +235,6 @@ def can_queue(view: SiteView | None, max_wait_s: float) -> bool:
             and (view.permits_free > 0 or view.queue_wait_s <= max_wait_s))
 
 
-class Backoff:
-    """Sites that refused recently and until when they are skipped."""
-
-    def __init__(self, base_s: float, max_s: float) -> None:
-        self.base_s = base_s
-        self.max_s = max_s
-        self._state: dict[str, tuple[int, float, float]] = {}  # site -> (refusals in a row, until, last at)
-
-    def refused(self, site: str, now: float) -> float:
-        """Counts a refusal and skips ``site`` for base * 2**(refusals-1), capped; returns that duration."""
-        n = self._state.get(site, (0, now, now))[0] + 1
-        span = min(self.base_s * 2.0 ** min(n - 1, 60), self.max_s)
-        self._state[site] = (n, now + span, now)
-        return span
-
-    def served(self, site: str) -> None:
-        """Ends ``site``'s backoff and forgets its refusals."""
-        self._state.pop(site, None)
-
-    def heard_since(self, site: str, view: SiteView) -> bool:
-        """Whether ``view`` was heard after ``site``'s last refusal (True when it never refused). Reads only."""
-        state = self._state.get(site)
-        return state is None or (view.as_of is not None and view.as_of > state[2])
-
-    def active(self, site: str, now: float) -> bool:
-        """True while ``site`` is skipped. Reads only."""
-        state = self._state.get(site)
-        return state is not None and now < state[1]
-
-
 class SiteSelector:
     """The random-near site policy. Holds its config, RNG and the backoff table."""
 
@@ -278,14 +254,20 @@ class SiteSelector:
     def near(self, origin: str, views: dict[str, SiteView], latency: LatencyMap,
              now: float) -> list[tuple[str, float]]:
         """The origin's near set as (site, rtt_s), nearest first (see the module docstring). Reads only."""
+        return self._reach(origin, views, latency, now)[0]
+
+    def _reach(self, origin: str, views: dict[str, SiteView], latency: LatencyMap,
+               now: float) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+        """(near set, the usable sites beyond it within ``near_max_rtt_s``), nearest first."""
         cfg = self.config
         usable = [(n, r) for n, r in latency.neighbours(origin, now)
                   if r <= cfg.near_max_rtt_s and n in views and views[n].alive
                   and views[n].permits_total > 0 and not self.backoff.active(n, now)]
         if not usable:
-            return []
+            return [], []
         limit = usable[0][1] + cfg.near_slack_s
-        return [(n, r) for n, r in usable[:cfg.near_k] if r <= limit]
+        near = [(n, r) for n, r in usable[:cfg.near_k] if r <= limit]
+        return near, usable[len(near):]
 
     def choose(self, origin: str, views: dict[str, SiteView], latency: LatencyMap, now: float,
                session_site: str | None = None) -> SiteDecision:
@@ -319,7 +301,7 @@ class SiteSelector:
         cfg = self.config
         local = views.get(origin)
         local_ok = local is not None and local.alive and local.permits_total > 0
-        near = self.near(origin, views, latency, now)
+        near, far = self._reach(origin, views, latency, now)
         pick = self._spill(local if local_ok else None, near, views)
         if pick is not None:
             return SiteDecision(pick[0], "spill", pick[1])
@@ -327,11 +309,25 @@ class SiteSelector:
             return SiteDecision(origin, "local", 0.0)
         if local_ok and local.queue_wait_s <= cfg.max_queue_wait_s:
             return SiteDecision(origin, "wait_local", 0.0)
-        queues = [(n, r) for n, r in near if can_queue(views[n], cfg.max_queue_wait_s)]
-        if queues:
-            n, r = min(queues, key=lambda e: (e[1] + views[e[0]].queue_wait_s, e[0]))
-            return SiteDecision(n, "queue_remote", r)
+        queue = self._queue(near, views)
+        if queue is not None:
+            return SiteDecision(queue[0], "queue_remote", queue[1])
+        pick = self._draw([(n, r) for n, r in far if views[n].permits_free > 0], views) or self._queue(far, views)
+        if pick is not None:
+            return SiteDecision(pick[0], "far", pick[1])
         return SiteDecision(None, "rejected", 0.0)
+
+    def _queue(self, sites: list[tuple[str, float]], views: dict[str, SiteView]) -> tuple[str, float] | None:
+        """Of ``sites``, the one whose queue admits a request with the least rtt + queue wait."""
+        queues = [(n, r) for n, r in sites if can_queue(views[n], self.config.max_queue_wait_s)]
+        return min(queues, key=lambda e: (e[1] + views[e[0]].queue_wait_s, e[0])) if queues else None
+
+    def _draw(self, cands: list[tuple[str, float]], views: dict[str, SiteView]) -> tuple[str, float] | None:
+        """A draw among ``cands`` weighted by free capacity (free permits, discounted by queue wait)."""
+        if not cands:
+            return None
+        weights = [views[n].permits_free / (1.0 + views[n].queue_wait_s / self.config.wait_scale_s) for n, _ in cands]
+        return self.rng.choices(cands, weights=weights, k=1)[0]
 
     def _session(self, origin: str, site: str, views: dict[str, SiteView], latency: LatencyMap,
                  now: float) -> SiteDecision | None:
@@ -341,7 +337,8 @@ class SiteSelector:
             return SiteDecision(site, "session", 0.0) if can_queue(view, self.config.max_queue_wait_s) else None
         if rtt is None or view is None or not view.alive or view.permits_total == 0:
             return None
-        if self.backoff.active(site, now) and not (view.permits_free > 0 and self.backoff.heard_since(site, view)):
+        freed = view.permits_free > 0 and self.backoff.heard_since(site, view.as_of)  # heard free since its refusal
+        if self.backoff.active(site, now) and not freed:
             return None
         return SiteDecision(site, "session", rtt)
 
@@ -360,10 +357,7 @@ class SiteSelector:
             # Full, but the local queue would admit it: go only where the trip beats the wait.
             cands = [(n, r) for n, r in cands
                      if r + views[n].queue_wait_s + cfg.forward_overhead_s < local.queue_wait_s]
-        if not cands:
-            return None
-        weights = [views[n].permits_free / (1.0 + views[n].queue_wait_s / cfg.wait_scale_s) for n, _ in cands]
-        return self.rng.choices(cands, weights=weights, k=1)[0]
+        return self._draw(cands, views)
 
 
 SITE_POLICIES = ("random_near", "nearest_only", "local_only")

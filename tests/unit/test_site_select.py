@@ -218,6 +218,24 @@ def test_near_set_is_the_k_nearest_within_the_slack_and_the_cap():
     assert [n for n, _ in selector().near("o", v, lat, 0.0)] == ["a", "c"]
 
 
+def test_beyond_the_near_set_only_when_no_near_site_can_take_it():
+    # near set: a and b (within 10 ms of the nearest); c at 25 ms and d at 40 ms are beyond it, e past the cap
+    lat = lmap({"a": 5, "b": 7, "c": 25, "d": 40, "e": 90})
+    far = (view("c", 2), view("d", 6), view("e", 10))
+    v = views(view("o", **FULL), view("a", 0, wait=1.0), view("b", **FULL), *far)
+    assert selector().choose("o", v, lat, 0.0).reason == "queue_remote"  # a near queue first
+    v = views(view("o", **FULL), view("a", **FULL), view("b", **FULL), *far)
+    sel = selector(seed=1)
+    n = Counter(sel.choose("o", v, lat, 0.0).site for _ in range(2000))
+    assert set(n) == {"c", "d"} and 2.4 < n["d"] / n["c"] < 3.6  # drawn by free permits, never past 80 ms
+    assert sel.choose("o", v, lat, 0.0).reason == "far"
+    # no free permit out there: the far queue with the least rtt + wait; none: rejected
+    v.update(views(view("c", 0, wait=1.9), view("d", 0, wait=0.5)))
+    assert selector().choose("o", v, lat, 0.0) == SiteDecision("d", "far", pytest.approx(0.04))
+    v.update(views(view("c", **FULL), view("d", **FULL)))
+    assert selector().choose("o", v, lat, 0.0) == SiteDecision(None, "rejected", 0.0)
+
+
 def test_a_site_whose_probes_expired_is_never_chosen():
     lat = LatencyMap(ttl_s=10)
     lat.observe("o", "a", 0.004, 0.0)

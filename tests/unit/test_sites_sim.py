@@ -70,7 +70,7 @@ def test_random_near_meets_the_targets_against_nearest_only(small_runs):
     assert rn["added_rtt_ms"]["all_p50"] == 0.0
     assert rn["added_rtt_hops"]["forwarded_p50_fleet_hops"] <= 1.0
     assert rn["session_keep"] >= 0.98 and lo["session_keep"] == 1.0
-    assert set(rn["reasons"]) <= {"session", "local", "spill", "wait_local", "queue_remote", "rejected"}
+    assert set(rn["reasons"]) <= {"session", "local", "spill", "wait_local", "queue_remote", "far", "rejected"}
     assert rn["reasons"]["spill"] > 0 and rn["reasons"]["session"] > rn["reasons"]["spill"]
     targets = bench_sites.targets(small_runs)
     assert targets["met"], targets
