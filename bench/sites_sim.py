@@ -137,11 +137,9 @@ class _Site:
             return 0.0
         return (len(self.queue) + 1) * service_s / self.city.permits
 
-    def view(self, t: float, service_s: float, max_wait_s: float) -> SiteView:
-        """What a probe now reads: the queue admits while (queued + 1) * service_s / permits <= max_wait_s."""
-        room = max(0, int(max_wait_s * self.city.permits / service_s) - len(self.queue))
+    def view(self, t: float, service_s: float) -> SiteView:
         return SiteView(self.city.name, self.city.permits - self.busy, self.city.permits,
-                        self.wait_s(service_s), self.alive, min(1.0, self.avg_at(t)), as_of=t, queue_room=room)
+                        self.wait_s(service_s), self.alive, min(1.0, self.avg_at(t)), as_of=t)
 
 
 class SiteSim:
@@ -201,7 +199,7 @@ class SiteSim:
         for s in self.sites:
             name = s.city.name
             if s.alive:
-                self.views[name] = s.view(t, self.cfg.service_s, self.select.max_queue_wait_s)
+                self.views[name] = s.view(t, self.cfg.service_s)
                 self.heard[name] = t
             elif name in self.views and t - self.heard[name] > self.cfg.view_ttl_s and self.views[name].alive:
                 v = self.views[name]
@@ -228,8 +226,7 @@ class SiteSim:
         name = self.cities[origin].name
         prev = self.session_site[k]
         stale = self.views.get(name)
-        # a front sees its own site fresh
-        self.views[name] = self.sites[origin].view(t, self.cfg.service_s, self.select.max_queue_wait_s)
+        self.views[name] = self.sites[origin].view(t, self.cfg.service_s)  # a front sees its own site fresh
         try:
             tried = set()
             for _ in range(self.select.max_attempts):

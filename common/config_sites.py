@@ -49,6 +49,9 @@ class SitesConfig(_Strict):
     map_ttl_s: float = Field(5.0, gt=0, description="a peer not heard from for this long drops out of the map")
     busy_tau_s: float = Field(60.0, gt=0, description="time constant of the busy fraction a site reports "
                               "averaged (its load for spilling): about a session's life")
+    turn_queue_places: int = Field(
+        1, ge=0, description="queue places a session's turn may take beyond its tenant's and the total's bounds "
+        "at the site that served its previous turn: moved, it would recompute its whole prompt")
     select: dict[str, Any] = Field(default_factory=dict,
                                    description="routing.site_select.SiteSelectConfig fields (near, backoff, ...)")
 

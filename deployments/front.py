@@ -165,8 +165,9 @@ class Front:
                 return
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
+        extra = self.sites.turn_places(scope, forwarded is not None) if self.sites is not None else 0
         permit = await self._admit(tenant, tier_of(scope, self.cfg.admission.tiers), deadline_of(scope),
-                                   _small_body(scope))
+                                   _small_body(scope), extra)
         try:
             body = self._parse(kind, raw if raw is not None else await read_body(receive, limit))
         except BaseException:
@@ -339,15 +340,17 @@ class Front:
 
     # -- admission and accounting ----------------------------------------------------
 
-    async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None, close: bool):
-        """A permit, or APIError 429. ``close``: a refusal also closes the
+    async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None, close: bool,
+                     extra_queue: int = 0):
+        """A permit, or APIError 429 (``extra_queue``: places beyond the queue's bounds, a session's
+        turn at its site, deployments/site_link.py). ``close``: a refusal also closes the
         connection, so the client's next request takes a new one, which the
         kernel may give to another replica: a replica that refuses fast
         would otherwise get ever more of the traffic over kept-alive
         connections while its peers sit on long streams."""
         waited = time.monotonic()
         try:
-            permit = await self.gate.acquire(tenant, tier, deadline_s)
+            permit = await self.gate.acquire(tenant, tier, deadline_s, extra_queue)
         except Shed as exc:
             self.metrics.shed.labels(tenant, exc.reason).inc()
             headers = {**exc.headers, "Connection": "close"} if close else exc.headers

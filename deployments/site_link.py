@@ -16,10 +16,16 @@ Each front of a site (`sites:` in the config, common/config_sites.py)
   policy chooses again (`sites.select.max_attempts` choices in all); then
   the request runs here after all: nothing that had not started is lost.
 
-A peer's view is read for the request's tenant: its probe answer names the
-tenants with at most the turns' reserve of queue places left there, and a
-peer with no free permit whose queue is full for the request's tenant is
-taken as unable to queue it, as this site's own view is.
+A peer's view is read for the request's tenant: a peer with no free permit
+whose queue is full for that tenant (it names such tenants in its probe
+answer) is taken as unable to queue it, as this site's own view is.
+
+A session's turn keeps its site harder than new work: at the site that
+served its previous turn (this one, as its policy found, or a peer, which
+the forward tells with `x-baton-site-turn`) it may take
+`sites.turn_queue_places` queue places beyond its tenant's and the total's
+bounds. Moved, a turn would recompute its whole prompt; new work pays only
+the round trip.
 
 The map lives in each front's memory, rebuilt from its own probes, so sites
 share no Redis and a dead site drops out by expiry alone.
@@ -58,15 +64,11 @@ TOKEN_HEADER = "x-baton-site-token"
 ORIGIN_HEADER = "x-baton-site-origin"
 TENANT_HEADER = "x-baton-site-tenant"
 SITE_HEADER = "x-baton-site"  # on answers: the site that served the request
+TURN_HEADER = "x-baton-site-turn"  # on a forward: a turn of a session the site served before
 _PASSED = (SESSION_HEADER, "x-baton-deadline-s", "x-baton-tier")
 _SESSIONS = 65536
-_LOW_TENANTS = 256  # the most tenants a probe answer names with their queue room (the fullest first)
+_FULL_TENANTS = 256  # the most tenants a probe answer names as queue-full
 UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
-
-
-def _room(value) -> int | None:
-    """A probe answer's `queue_room`: places >= 0, or None where the peer does not report it."""
-    return None if value is None else max(0, int(value))
 
 
 def check(cfg: BatonConfig, source: str) -> None:
@@ -145,32 +147,30 @@ class SiteLink:
         self.views[name] = (SiteView(name, int(answer["permits_free"]), int(answer["permits_total"]),
                                      float(answer["queue_wait_s"]),
                                      busy_avg=float(busy_avg) if busy_avg is not None else None, as_of=now,
-                                     queue_room=_room(answer.get("queue_room")),
-                                     tenant_room={str(t): max(0, int(n)) for t, n in
-                                                  (answer.get("tenant_room") or {}).items()}),
+                                     queue_full_for=frozenset(map(str, answer.get("queue_full_tenants") or ()))),
                              now)
         if self.metrics is not None:
             self.metrics.site_rtt.labels(name).set(now - t0)
 
-    def local_view(self, tenant: str | None = None) -> SiteView:
+    def local_view(self, tenant: str | None = None, turn: bool = False) -> SiteView:
         """This site's free permits and the wait a new request would have here, from its admission
         (this front's share): none with a permit free, else its place in the queue times the
         measured service time per permit (UNKNOWN_SERVICE_S before any request has finished), or
         no end when the queue is full (the total's bound; `tenant`'s own too when given, read
-        through `SiteView.for_tenant` as a peer's view is). `queue_room`: the places left in the
-        queue; `tenant_room`: the tenants with at most the turns' reserve of places left here."""
+        through `SiteView.for_tenant` as a peer's view is). `queue_full_for`: the tenants at their
+        own bound here. `turn`: as a turn of a session this site served finds it, with
+        `sites.turn_queue_places` more places in the queue (`turn_places`)."""
         snap, adm = self.gate.snapshot(), self.cfg.admission
+        extra = self.cfg.sites.turn_queue_places if turn else 0
         free = max(0, snap.capacity - snap.permits_in_use - snap.queue_len)
         service = snap.service_time_s if snap.service_time_s is not None else UNKNOWN_SERVICE_S
         waiting = 0.0 if free else (snap.queue_len + 1) * service / max(1, snap.capacity)
-        if not free and (snap.queue_len >= adm.max_queue_total or adm.max_queue_per_tenant == 0):
+        if not free and (snap.queue_len >= adm.max_queue_total + extra or adm.max_queue_per_tenant + extra == 0):
             waiting = math.inf  # full, or no tenant may queue at all
-        low = self.selector.config.turn_reserve
-        rooms = {t: max(0, adm.max_queue_per_tenant - ts.queue_len) for t, ts in snap.tenants.items() if ts.queue_len}
+        full = frozenset(t for t, ts in snap.tenants.items() if ts.queue_len >= adm.max_queue_per_tenant + extra)
         return SiteView(self.name, min(free, snap.capacity), snap.capacity, waiting,
                         busy_avg=self.busy_avg if self._busy_at is not None else None,
-                        queue_room=max(0, min(adm.max_queue_total - snap.queue_len, adm.max_queue_per_tenant)),
-                        tenant_room={t: n for t, n in rooms.items() if n <= low}).for_tenant(tenant)
+                        queue_full_for=full).for_tenant(tenant)
 
     def answer(self) -> dict:
         """What a peer's probe gets: this site's capacity and its row of the latency map."""
@@ -179,8 +179,7 @@ class SiteLink:
         row = {n: rtt for n, rtt in self.latency.neighbours(self.name, now)}
         return {"site": self.name, "permits_free": v.permits_free, "permits_total": v.permits_total,
                 "queue_wait_s": wait, "busy_avg": v.busy_avg, "rtt_s": row,
-                "queue_room": v.queue_room,
-                "tenant_room": dict(sorted(v.tenant_room.items(), key=lambda e: (e[1], e[0]))[:_LOW_TENANTS])}
+                "queue_full_tenants": sorted(v.queue_full_for)[:_FULL_TENANTS]}
 
     async def switch_policy(self, receive) -> dict:
         """`PUT /baton/site/policy` (site token checked by the caller): reads {"policy": name} and
@@ -227,8 +226,19 @@ class SiteLink:
         now = self.clock()
         views = {n: v.for_tenant(tenant) for n, (v, seen) in self.views.items()
                  if now - seen <= self.cfg.sites.map_ttl_s}
-        views[self.name] = self.local_view(tenant)
-        return self.selector.choose(self.name, views, self.latency, now, self._session_site(session, now))
+        site = self._session_site(session, now)
+        views[self.name] = self.local_view(tenant, turn=site == self.name)
+        return self.selector.choose(self.name, views, self.latency, now, site)
+
+    def turn_places(self, scope, forwarded: bool) -> int:
+        """Queue places beyond the bounds that this request may take here (`sites.turn_queue_places`): a
+        turn of a session this site served, as its own policy found it (`offload`) or as the origin
+        says (`x-baton-site-turn`, believed only on a forward, which carries the site token); else 0."""
+        if forwarded:
+            turn = header(scope["headers"], TURN_HEADER.encode()) == "1"
+        else:
+            turn = bool(scope.get("baton.site_turn"))
+        return self.cfg.sites.turn_queue_places if turn else 0
 
     def _session_site(self, session: str | None, now: float) -> str | None:
         if session is None or session not in self.sessions:
@@ -257,23 +267,29 @@ class SiteLink:
             decision = self.choose(session, tenant)
             if self.metrics is not None:
                 self.metrics.site_decisions.labels(decision.reason).inc()
+            turn = decision.reason == "session"
+            if decision.site == self.name:
+                scope["baton.site_turn"] = turn  # admitted here with the turns' places (`turn_places`)
             if decision.site is None or decision.site == self.name or decision.site in tried:
                 break  # never offered twice to one site (a baseline has no backoff)
             tried.add(decision.site)
             if raw is None:
                 raw = await read_body(receive, self.cfg.serve.max_body_bytes)
                 parse(raw)
-            if await self.forward(decision.site, scope, raw, tenant, send):
+            if await self.forward(decision.site, scope, raw, tenant, send, turn):
                 self.served_at(session, decision.site)
                 return True, None
         self.served_at(session, self.name)
         return False, raw
 
-    async def forward(self, site: str, scope, raw: bytes, tenant: str, send) -> bool:
-        """Runs the request on `site`, streaming its answer to `send`. False, with nothing sent, when
-        the site refuses it or cannot be reached (it is then backed off); True once answered."""
+    async def forward(self, site: str, scope, raw: bytes, tenant: str, send, turn: bool = False) -> bool:
+        """Runs the request on `site`, streaming its answer to `send` (`turn`: a turn of a session `site`
+        served, `TURN_HEADER`). False, with nothing sent, when the site refuses it or cannot be reached
+        (it is then backed off); True once answered."""
         headers = {"content-type": "application/json", TOKEN_HEADER: self.token, ORIGIN_HEADER: self.name,
                    TENANT_HEADER: tenant}
+        if turn:
+            headers[TURN_HEADER] = "1"
         for name in _PASSED:
             if value := header(scope["headers"], name.encode()):
                 headers[name] = value

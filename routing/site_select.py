@@ -54,14 +54,6 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
    past its ring only then, not for balance.
 6. Otherwise reject: out of capacity.
 
-Turns' reserve: rules 2-6 are first tried with the last ``turn_reserve``
-places of every full site's queue (``SiteView.queue_room``) kept for its
-sessions' turns, so new work goes to any near free permit, or a queue with
-more room, before it takes them; only where that finds nowhere do rules
-2-6 run again with the whole queues (a reserved place before a 429). A
-turn moved off its site recomputes its whole prompt; new work, cached
-nowhere, pays only the round trip.
-
 Near set of an origin: the live neighbours in the latency map (unexpired)
 that are in ``views`` with alive=True, not in backoff, and at most
 ``near_max_rtt_s`` away; of those the ``near_k`` nearest within
@@ -81,7 +73,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from routing.latency_map import LatencyMap
@@ -99,11 +90,8 @@ class SiteView:
     site's busy fraction (1 - free/total) averaged over about a session's life
     (an EWMA the site keeps); None where not reported, and ``load`` is then the
     instantaneous fraction. ``as_of``: when the origin heard it (None: unknown,
-    taken as older than any refusal). ``queue_room``: places left in its admission queue for a
-    tenant with nothing queued there (the total's room, at most the per-tenant bound); None: not
-    reported, or unbounded. ``tenant_room``: the tenants with requests queued there and at most a
-    few places left (the site's ``turn_reserve``), and those places; 0: its admission refuses the
-    tenant a place even where the total has room.
+    taken as older than any refusal). ``queue_full_for``: tenants whose own queue there is at
+    its bound (the site's admission refuses them a place even where the total has room).
     """
 
     name: str
@@ -113,8 +101,7 @@ class SiteView:
     alive: bool = True
     busy_avg: float | None = None
     as_of: float | None = None
-    queue_room: int | None = None
-    tenant_room: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    queue_full_for: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.permits_total < 0 or not 0 <= self.permits_free <= self.permits_total:
@@ -123,8 +110,6 @@ class SiteView:
             raise ValueError(f"{self.name}: queue_wait_s must be >= 0")
         if self.busy_avg is not None and not 0.0 <= self.busy_avg <= 1.0:
             raise ValueError(f"{self.name}: busy_avg must be in [0, 1]")
-        if self.queue_room is not None and self.queue_room < 0:
-            raise ValueError(f"{self.name}: queue_room must be >= 0")
 
     @property
     def busy_fraction(self) -> float:
@@ -132,15 +117,11 @@ class SiteView:
         return 1.0 - self.permits_free / self.permits_total if self.permits_total else 1.0
 
     def for_tenant(self, tenant: str | None) -> "SiteView":
-        """This view as a request of ``tenant`` finds it: the queue room is the tenant's where
-        ``tenant_room`` names it, and no queue (an endless wait) where no permit is free and the
-        tenant's queue is full; else unchanged. Reads only."""
-        room = self.tenant_room.get(tenant) if tenant is not None else None
-        if room is None:
+        """This view as a request of ``tenant`` finds it: no queue (an endless wait) where no
+        permit is free and the tenant's queue is full; else unchanged. Reads only."""
+        if tenant is None or self.permits_free or tenant not in self.queue_full_for:
             return self
-        wait = math.inf if room == 0 and not self.permits_free else self.queue_wait_s
-        return dataclasses.replace(self, queue_wait_s=wait,
-                                   queue_room=room if self.queue_room is None else min(room, self.queue_room))
+        return dataclasses.replace(self, queue_wait_s=math.inf)
 
     @property
     def load(self) -> float:
@@ -200,16 +181,10 @@ class SiteSelectConfig:
     # Choices a request gets: after a refused forward the origin chooses again (the refuser
     # backed off). Two: the other near site or the origin's queue, then the origin answers.
     max_attempts: int = 2
-    # Queue places a full site keeps for its sessions' turns: new work takes its last place only
-    # when no near free permit or roomier queue will take it. With 2 permits and a queue of 2 (the
-    # local bench) the hot site's turns found its queue full and moved: kept 0.86-0.93.
-    turn_reserve: int = 1
 
     def __post_init__(self) -> None:
         if self.near_k < 1 or self.max_attempts < 1:
             raise ValueError("near_k and max_attempts must be >= 1")
-        if self.turn_reserve < 0:
-            raise ValueError("turn_reserve must be >= 0")
         if min(self.near_slack_s, self.near_max_rtt_s, self.forward_overhead_s, self.max_queue_wait_s) < 0:
             raise ValueError("near_slack_s, near_max_rtt_s, forward_overhead_s, max_queue_wait_s must be >= 0")
         if not 0.0 <= self.spill_busy <= 1.0 or not 0.0 <= self.balance_margin <= 1.0:
@@ -281,24 +256,6 @@ class SiteSelector:
             kept = self._session(origin, session_site, views, latency, now)
             if kept is not None:
                 return kept
-        decision = self._new_work(origin, self._reserving(views), latency, now)
-        if decision.site is None and cfg.turn_reserve:
-            return self._new_work(origin, views, latency, now)  # the turns' reserve before a 429
-        return decision
-
-    def _reserving(self, views: dict[str, SiteView]) -> dict[str, SiteView]:
-        """``views`` with a full site's queue closed where only the turns' reserve is left in it."""
-        keep = self.config.turn_reserve
-        if not keep:
-            return views
-        return {n: dataclasses.replace(v, queue_wait_s=math.inf)
-                if not v.permits_free and v.queue_room is not None and v.queue_room <= keep else v
-                for n, v in views.items()}
-
-    def _new_work(self, origin: str, views: dict[str, SiteView], latency: LatencyMap,
-                  now: float) -> SiteDecision:
-        """Rules 2-5 over ``views``."""
-        cfg = self.config
         local = views.get(origin)
         local_ok = local is not None and local.alive and local.permits_total > 0
         near, far = self._reach(origin, views, latency, now)

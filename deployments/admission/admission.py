@@ -52,13 +52,14 @@ class Admission:
 
     # -- requests ------------------------------------------------------------
     def submit(self, tenant: str, tier: str | None, now: float,
-               deadline_s: float | None = None) -> Ticket:
+               deadline_s: float | None = None, extra_queue: int = 0) -> Ticket:
         """Admit, queue or shed a new request.
 
         ``tier`` is the requested priority tier: None means the tenant's own,
         a higher one than the tenant's is lowered to it, an unknown name
         raises ValueError (changing nothing). ``deadline_s`` None means the
-        tier's default (``config.deadline_of``). Changes the permits
+        tier's default (``config.deadline_of``). ``extra_queue``: queue places
+        it may take beyond the bounds (``TieredQueue.push``). Changes the permits
         (admitted), the queue (queued, and any displaced tickets, which come
         back SHED in ``ticket.displaced``) and the counters.
         """
@@ -73,7 +74,7 @@ class Admission:
             self._admit(ticket, now)  # a free permit is its best chance, even a late one
             st.admitted_immediately += 1
             return ticket
-        verdict = self.queue.push(ticket, tier, tenant, weight, now, ticket.deadline)
+        verdict = self.queue.push(ticket, tier, tenant, weight, now, ticket.deadline, extra_queue)
         if not isinstance(verdict, Admit):
             self._shed(ticket, verdict.reason, verdict.retry_after_s)
             return ticket

@@ -79,14 +79,15 @@ class AsyncAdmission:
         self._timers: dict[Ticket, asyncio.TimerHandle] = {}
 
     async def acquire(self, tenant: str, priority: str | None = None,
-                      deadline_s: float | None = None) -> Permit:
+                      deadline_s: float | None = None, extra_queue: int = 0) -> Permit:
         """Wait until admitted and return the permit; raise ``Shed`` if shed.
 
         ``priority`` is the requested tier (None: the tenant's own; see
         ``Admission.submit``); an unknown tier raises ValueError at once.
+        ``extra_queue``: queue places it may take beyond the bounds (``TieredQueue.push``).
         Changes the admission state; cancelling the await dequeues the request.
         """
-        ticket = self.admission.submit(tenant, priority, self._clock(), deadline_s)
+        ticket = self.admission.submit(tenant, priority, self._clock(), deadline_s, extra_queue)
         self._shed_all(ticket.displaced)
         if ticket.state is TicketState.ADMITTED:
             return Permit(self, ticket)

@@ -120,9 +120,12 @@ class TieredQueue(Generic[T]):
         self.service_time_s = seconds if s is None else s + self.ewma_alpha * (seconds - s)
 
     def push(self, item: T, tier: str, tenant: str, weight: float, now: float,
-             deadline: float) -> Admit[T] | Reject:
+             deadline: float, extra: int = 0) -> Admit[T] | Reject:
         """Queue ``item`` for ``tenant`` in ``tier`` (``deadline`` is absolute time).
 
+        ``extra``: places it may take beyond both bounds (a session's turn at
+        the site that holds its prefix, deployments/site_link.py); where it
+        finds the queue full even so, the push-out rule applies as to any.
         Changes the queue on Admit (and removes the displaced items, from this
         tier or a lower one); a Reject changes nothing.
         """
@@ -133,12 +136,12 @@ class TieredQueue(Generic[T]):
             raise ValueError(f"weight must be positive, got {weight}")
         if deadline <= now:
             return Reject(ShedReason.DEADLINE, 1)
-        if q.tenant_len(tenant) >= self.max_queue_per_tenant:
+        if q.tenant_len(tenant) >= self.max_queue_per_tenant + extra:
             head_ahead = self._above(tier) + q.ahead_of_head(tenant)
             head_wait = self._wait(head_ahead) if q.tenant_len(tenant) else 0.0
             return Reject(ShedReason.TENANT_QUEUE_FULL, self.retry_after(head_wait))
         victim = None  # (tier, item) to displace
-        if len(self) >= self.max_queue_total:
+        if len(self) >= self.max_queue_total + extra:
             victim = self._pushout_victim(tier, tenant, weight)
             if victim is None:
                 return Reject(ShedReason.QUEUE_FULL, self.retry_after(self._wait(0)))

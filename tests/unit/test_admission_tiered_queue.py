@@ -57,6 +57,19 @@ def test_zero_tenant_bound_queues_nothing():
     assert q.push("a1", "only", "a", 1.0, 0.0, FAR) == Reject(ShedReason.TENANT_QUEUE_FULL, 1)
 
 
+def test_extra_places_go_beyond_both_bounds_and_no_further():
+    q = one_tier(max_queue_per_tenant=2, max_queue_total=3)
+    q.push("a1", "only", "a", 1.0, 0.0, FAR)
+    q.push("a2", "only", "a", 1.0, 0.0, FAR)
+    assert q.push("a3", "only", "a", 1.0, 0.0, FAR).__class__ is Reject  # a's bound
+    assert isinstance(q.push("t1", "only", "a", 1.0, 0.0, FAR, extra=1), Admit)  # a turn's place beyond it
+    assert q.push("t2", "only", "a", 1.0, 0.0, FAR, extra=1) == Reject(ShedReason.TENANT_QUEUE_FULL, 1)
+    q.push("b1", "only", "b", 1.0, 0.0, FAR, extra=0)  # a full total: b (0+1) pushes out a's newest
+    assert q.lengths() == {"a": 2, "b": 1} and "t1" not in q
+    assert q.push("b2", "only", "b", 1.0, 0.0, FAR, extra=1) == Admit(0.0)  # beyond the total, nothing pushed
+    assert len(q) == 4
+
+
 def test_full_queue_pushes_out_the_longest_tenant_only():
     q = one_tier(max_queue_per_tenant=3, max_queue_total=3)
     for item in ("h1", "h2", "h3"):

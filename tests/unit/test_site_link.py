@@ -23,15 +23,14 @@ from tests.unit.test_config import write
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
-def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str], room: int | None = None) -> web.Application:
+def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str]) -> web.Application:
     async def probe(_request):
-        full = bool(full_for) or room is not None
-        return web.json_response({"site": name, "permits_free": 0 if full else 4, "permits_total": 4,
+        return web.json_response({"site": name, "permits_free": 0 if full_for else 4, "permits_total": 4,
                                   "queue_wait_s": 0.1, "busy_avg": 0.1, "rtt_s": {},
-                                  "tenant_room": {t: 0 for t in full_for}, "queue_room": room})
+                                  "queue_full_tenants": full_for})
 
-    async def chat(_request):
-        posts.append(name)
+    async def chat(request):
+        posts.append(name + ("+turn" if request.headers.get("x-baton-site-turn") == "1" else ""))
         if refuse:
             return web.json_response({"error": {"message": "busy"}}, status=429)
         return web.json_response({"served_by": name})
@@ -43,15 +42,15 @@ def _peer(name: str, refuse: bool, full_for: list[str], posts: list[str], room: 
 
 
 async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str = "random_near",
-                    tenant: str = "t"):
+                    tenant: str = "t", session_at: str | None = None):
     """Starts the peers, probes them once, holds the link's only permit (the site is full, with
-    no queue) and offloads `requests` requests; returns (what each offload returned, the posts each peer got,
-    the answers' bodies, the link)."""
+    no queue) and offloads `requests` requests (turns of session "s" last served at `session_at`,
+    if given); returns (what each offload returned, the posts each peer got, "+turn" where the
+    forward said it is a turn, the answers' bodies, the link)."""
     posts: list[str] = []
     runners, urls = [], {}
     for name, spec in peers.items():
-        runner = web.AppRunner(_peer(name, spec.get("refuse", False), spec.get("full_for", []), posts,
-                                     spec.get("room")))
+        runner = web.AppRunner(_peer(name, spec.get("refuse", False), spec.get("full_for", []), posts))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -72,6 +71,8 @@ async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str
             for name, url in urls.items():
                 await link._probe(name, url)
             for _ in range(requests):
+                if session_at is not None:
+                    link.served_at("s", session_at)
                 sent: list[dict] = []
 
                 async def receive():
@@ -80,7 +81,8 @@ async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str
                 async def send(message, sent=sent):
                     sent.append(message)
 
-                scope = {"type": "http", "path": "/v1/chat/completions", "headers": []}
+                headers = [(b"x-session-affinity", b"s")] if session_at is not None else []
+                scope = {"type": "http", "path": "/v1/chat/completions", "headers": headers}
                 outs.append(await link.offload(scope, receive, send, tenant, lambda raw: json.loads(raw)))
                 bodies.append(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
     finally:
@@ -116,11 +118,50 @@ def test_a_peer_queue_full_for_the_tenant_is_not_offered_its_requests(tmp_path):
     assert posts == ["b", "b"] and [done for done, _ in outs] == [True, True]
 
 
-def test_new_work_queues_where_more_than_the_turns_reserve_is_left(tmp_path):
-    # both peers full with the same wait; b's queue has only its last place (the turns' reserve)
-    outs, posts, _, link = asyncio.run(_scenario(tmp_path, {"b": {"room": 1}, "c": {"room": 3}}, 4))
-    assert posts == ["c"] * 4 and [done for done, _ in outs] == [True] * 4
-    assert link.views["b"][0].queue_room == 1
+def test_a_turn_is_forwarded_to_its_site_as_a_turn_and_new_work_is_not(tmp_path):
+    peers = {"b": {}, "c": {}}
+    _, posts, _, _ = asyncio.run(_scenario(tmp_path, peers, 3, session_at="c"))
+    assert posts == ["c+turn"] * 3
+    _, posts, _, _ = asyncio.run(_scenario(tmp_path, peers, 3))
+    assert posts and all(not p.endswith("+turn") for p in posts)
+
+
+def test_a_turn_gets_the_turns_places_at_its_site_and_nowhere_else(tmp_path):
+    async def scenario():
+        (tmp_path / "token").write_text("s3cret")
+        cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
+                                          "  peers: [{name: b, url: 'http://127.0.0.1:9'}]\n"
+                                          "admission: {capacity_per_replica: 1, max_queue_per_tenant: 1,"
+                                          " max_queue_total: 4}\n"), environ={})
+        gate = AsyncAdmission(Admission(cfg.admission, replicas=1))
+        held = await gate.acquire("x")
+        waiting = asyncio.ensure_future(gate.acquire("t"))  # t's one place in the queue
+        await asyncio.sleep(0.01)
+        async with ClientSession() as http:
+            link = SiteLink(cfg, gate, http)
+            assert link.local_view("t").queue_wait_s == float("inf")
+            assert link.local_view("t", turn=True).queue_wait_s < float("inf")  # one more place
+            # the policy keeps a turn of a session served here, and marks it for admission
+            link.served_at("s", "a")
+            scope = {"type": "http", "path": "/v1/chat/completions", "headers": [(b"x-session-affinity", b"s")]}
+
+            async def receive():
+                return {"type": "http.request", "body": BODY, "more_body": False}
+
+            assert await link.offload(scope, receive, None, "t", json.loads) == (False, None)
+            assert link.turn_places(scope, forwarded=False) == 1
+            assert link.turn_places({"headers": []}, forwarded=False) == 0
+            # a forward's header is believed (the front checked its site token); a client's is not
+            told = {"headers": [(b"x-baton-site-turn", b"1")]}
+            assert link.turn_places(told, forwarded=True) == 1 and link.turn_places(told, forwarded=False) == 0
+            turn = asyncio.ensure_future(gate.acquire("t", extra_queue=link.turn_places(scope, False)))
+            await asyncio.sleep(0.01)
+            assert not turn.done()  # queued beyond t's bound, not shed
+        held.release()
+        (await waiting).release()
+        (await turn).release()
+
+    asyncio.run(scenario())
 
 
 def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
@@ -150,7 +191,7 @@ def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
     asyncio.run(scenario())
 
 
-def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_full_and_the_room(tmp_path):
+def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_full(tmp_path):
     async def scenario():
         (tmp_path / "token").write_text("s3cret")
         cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
@@ -165,10 +206,7 @@ def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_ful
             link = SiteLink(cfg, gate, http)
             assert link.local_view("t").queue_wait_s == float("inf")
             assert 0 < link.local_view("u").queue_wait_s < float("inf")
-            # places left in the queue: none of t's own one (named), one for any other tenant
-            assert link.answer()["tenant_room"] == {"t": 0}
-            assert (link.local_view().queue_room, link.local_view("t").queue_room,
-                    link.local_view("u").queue_room, link.answer()["queue_room"]) == (1, 0, 1, 1)
+            assert link.answer()["queue_full_tenants"] == ["t"]
         held.release()
         (await waiting).release()
 

@@ -124,35 +124,15 @@ def test_full_everywhere_queues_remotely_then_rejects():
 
 def test_a_site_whose_queue_is_full_for_the_tenant_cannot_queue_it():
     # b has no permit free and names tenant t as queue-full: t's request must not queue there
-    b = SiteView("b", 0, 10, 0.5, queue_room=8, tenant_room={"t": 0, "v": 1})
+    b = SiteView("b", 0, 10, 0.5, queue_full_for=frozenset({"t"}))
     assert b.for_tenant("u") is b and b.for_tenant(None) is b
     assert b.for_tenant("t").queue_wait_s == float("inf")
-    assert (b.for_tenant("v").queue_wait_s, b.for_tenant("v").queue_room) == (0.5, 1)  # its own room
-    freed = SiteView("b", 1, 10, 0.0, tenant_room={"t": 0})
-    assert freed.for_tenant("t").queue_wait_s == 0.0  # a free permit admits it whatever the queue
+    freed = SiteView("b", 1, 10, 0.0, queue_full_for=frozenset({"t"}))
+    assert freed.for_tenant("t") is freed  # a free permit admits it whatever the queue
     o = view("o", **FULL)
     near = lmap({"b": 4})
     assert selector().choose("o", views(o, b.for_tenant("u")), near, 0.0).site == "b"
     assert selector().choose("o", views(o, b.for_tenant("t")), near, 0.0) == SiteDecision(None, "rejected")
-
-
-def test_new_work_leaves_a_full_sites_last_queue_place_to_its_sessions_turns():
-    # o: no permit, one queue place left (the reserve) and a short wait; a: a free permit but a trip
-    # dearer than o's wait. Without the reserve new work would wait at o; with it, it goes to a.
-    o = SiteView("o", 0, 2, 0.05, queue_room=1)
-    lat = lmap({"a": 60, "b": 5})
-    assert selector(turn_reserve=0).choose("o", views(o, view("a", 1)), lat, 0.0).reason == "wait_local"
-    assert selector().choose("o", views(o, view("a", 1)), lat, 0.0) == SiteDecision("a", "spill", pytest.approx(0.06))
-    # ... or to a remote queue with more room than its own reserve, before a queue with only that
-    b_last, b_roomy = SiteView("b", 0, 2, 0.5, queue_room=1), SiteView("b", 0, 2, 0.5, queue_room=2)
-    assert selector().choose("o", views(o, b_roomy), lat, 0.0) == SiteDecision("b", "queue_remote", pytest.approx(5 * MS))
-    # with nowhere else, the reserved place rather than a 429: its own first, then a peer's
-    assert selector().choose("o", views(o, b_last), lat, 0.0) == SiteDecision("o", "wait_local", 0.0)
-    o_full = SiteView("o", 0, 2, 5.0, queue_room=0)
-    assert selector().choose("o", views(o_full, b_last), lat, 0.0).reason == "queue_remote"
-    # the session's own turn takes the reserved place; an unreported room reserves nothing
-    assert selector().choose("o", views(o, view("a", 1)), lat, 0.0, session_site="o").reason == "session"
-    assert selector().choose("o", views(SiteView("o", 0, 2, 0.05), view("a", 1)), lat, 0.0).reason == "wait_local"
 
 
 def test_session_stays_on_its_site_while_it_can_serve():
@@ -254,15 +234,13 @@ def test_dead_origin_spills():
 
 def test_config_is_validated():
     for bad in (dict(near_k=0), dict(spill_busy=1.5), dict(balance_margin=-0.1), dict(wait_scale_s=0),
-                dict(backoff_base_s=5, backoff_max_s=1), dict(max_queue_wait_s=-1), dict(turn_reserve=-1)):
+                dict(backoff_base_s=5, backoff_max_s=1), dict(max_queue_wait_s=-1)):
         with pytest.raises(ValueError):
             SiteSelectConfig(**bad)
     with pytest.raises(ValueError):
         SiteView("x", 5, 4)
     with pytest.raises(ValueError):
         SiteView("x", 1, 4, busy_avg=1.5)
-    with pytest.raises(ValueError):
-        SiteView("x", 1, 4, queue_room=-1)
 
 
 def test_local_only_rejects_when_the_local_site_cannot_take_it():
