@@ -17,8 +17,10 @@ Workload (drawn once from the seed, identical for every policy):
 Sites: ``permits`` from the city table; a request arriving at a site takes a
 free permit, else joins its FIFO queue when the expected wait
 (queued + 1) * service_s / permits is within ``max_queue_wait_s``, else is
-refused. A refused forward is reported to the policy (``refused``) and the
-origin chooses again, up to the policy's ``max_attempts`` choices; then it is
+refused; a session's turn at the site that served its previous turn may
+take ``turn_queue_places`` places more (``sites.turn_queue_places``). A
+refused forward is reported to the policy (``refused``) and the origin
+chooses again, up to the policy's ``max_attempts`` choices; then it is
 rejected.
 What the policy sees: its own site fresh, every other site as gossiped
 every ``view_period_s`` (stale in between), each with ``busy_avg``, the
@@ -70,6 +72,7 @@ class SimConfig:
     probe_jitter: float = 0.1
     outage: tuple[str, float, float] | None = None
     seed: int = 0
+    turn_queue_places: int = 1
 
     def __post_init__(self) -> None:
         if self.hotspot_factor < 1 or self.peak_util <= 0 or self.service_s <= 0 or self.turns_mean < 1:
@@ -137,9 +140,12 @@ class _Site:
             return 0.0
         return (len(self.queue) + 1) * service_s / self.city.permits
 
-    def view(self, t: float, service_s: float) -> SiteView:
+    def view(self, t: float, service_s: float, extra_places: int = 0) -> SiteView:
+        """What a probe reads now; ``extra_places``: as a turn that may queue that many places beyond
+        the bound finds it (the wait it is judged by, ``wait_s`` less those places)."""
+        wait = max(0.0, self.wait_s(service_s) - extra_places * service_s / self.city.permits)
         return SiteView(self.city.name, self.city.permits - self.busy, self.city.permits,
-                        self.wait_s(service_s), self.alive, min(1.0, self.avg_at(t)), as_of=t)
+                        wait, self.alive, min(1.0, self.avg_at(t)), as_of=t)
 
 
 class SiteSim:
@@ -226,7 +232,8 @@ class SiteSim:
         name = self.cities[origin].name
         prev = self.session_site[k]
         stale = self.views.get(name)
-        self.views[name] = self.sites[origin].view(t, self.cfg.service_s)  # a front sees its own site fresh
+        places = self.cfg.turn_queue_places if prev == name else 0
+        self.views[name] = self.sites[origin].view(t, self.cfg.service_s, places)  # its own site, fresh
         try:
             tried = set()
             for _ in range(self.select.max_attempts):
@@ -235,7 +242,7 @@ class SiteSim:
                     break
                 tried.add(d.site)
                 j = self.index[d.site]
-                if self._admit(j, t, (k, turn, t)):
+                if self._admit(j, t, (k, turn, t), self.cfg.turn_queue_places if d.reason == "session" else 0):
                     if j != origin:
                         self.policy.served(d.site, t)
                     self.session_site[k] = d.site
@@ -252,14 +259,15 @@ class SiteSim:
             if stale is not None:
                 self.views[name] = stale
 
-    def _admit(self, j: int, t: float, req: tuple[int, int, float]) -> bool:
+    def _admit(self, j: int, t: float, req: tuple[int, int, float], extra_places: int = 0) -> bool:
         site = self.sites[j]
         if not site.alive:
             return False
         if site.busy < site.city.permits:
             self._start(j, t, req)
             return True
-        if site.wait_s(self.cfg.service_s) <= self.select.max_queue_wait_s:
+        beyond = extra_places * self.cfg.service_s / site.city.permits
+        if site.wait_s(self.cfg.service_s) <= self.select.max_queue_wait_s + beyond:
             site.queue.append(req)
             return True
         return False

@@ -128,3 +128,18 @@ def test_local_targets_judge_sessions_by_their_cached_share_against_one_site():
     assert t["met"] and t["turn2_cached_share_vs_single_site"] == pytest.approx(0.84 / 0.87, abs=1e-3)
     runs["random_near"] = policy(4, 1.07, 0.96, 0.80)  # 0.92 of the single site's
     assert not targets(runs)["session_keep_ok"]
+
+
+def test_a_turn_at_its_site_queues_its_extra_places_beyond_the_bound():
+    sim = SiteSim(SimConfig(sites=5, duration_s=10.0, warmup_s=0.0), "random_near")
+    site, bound = sim.sites[0], sim.select.max_queue_wait_s
+    site.busy = site.city.permits  # full; the queue admits while (queued + 1) * s / permits <= bound
+    while site.wait_s(sim.cfg.service_s) <= bound:
+        site.queue.append(None)
+    assert not sim._admit(0, 0.0, (0, 0, 0.0))  # new work: refused
+    assert sim._admit(0, 0.0, (0, 1, 0.0), extra_places=1)  # a turn: one place more
+    assert not sim._admit(0, 0.0, (0, 1, 0.0), extra_places=1)  # ... and no further
+    # the origin's own view for a turn there is judged with that place: within the bound again
+    site.queue.pop()
+    assert site.view(0.0, sim.cfg.service_s).queue_wait_s > bound
+    assert site.view(0.0, sim.cfg.service_s, extra_places=1).queue_wait_s <= bound
