@@ -15,7 +15,7 @@ from an injected RNG. The rules, in order (``SiteSelector.choose``):
    will do. A view of another site is a probe old, often older than a
    request's service time, and a full queue is often full for a moment:
    the session's prefix is worth a round trip to find out (a turn refused
-   there is chosen again, rules 2-5). A site that stopped answering sends
+   there is chosen again, rules 2-6). A site that stopped answering sends
    no newer view. Sessions are never moved for balance; balance is made
    with new work.
 2. Local: the origin serves the request itself when it has a free permit
@@ -246,7 +246,7 @@ class SiteSelector:
 
     def choose(self, origin: str, views: dict[str, SiteView], latency: LatencyMap, now: float,
                session_site: str | None = None) -> SiteDecision:
-        """Where the request that reached ``origin`` runs (rules 1-5 of the module docstring).
+        """Where the request that reached ``origin`` runs (rules 1-6 of the module docstring).
 
         ``session_site``: the site that served the session's previous turn, if any.
         Changes only the RNG state (a spill draw); views and the map are read.
