@@ -61,7 +61,7 @@ def test_extra_places_go_beyond_both_bounds_and_no_further():
     q = one_tier(max_queue_per_tenant=2, max_queue_total=3)
     q.push("a1", "only", "a", 1.0, 0.0, FAR)
     q.push("a2", "only", "a", 1.0, 0.0, FAR)
-    assert q.push("a3", "only", "a", 1.0, 0.0, FAR).__class__ is Reject  # a's bound
+    assert isinstance(q.push("a3", "only", "a", 1.0, 0.0, FAR), Reject)  # a's bound
     assert isinstance(q.push("t1", "only", "a", 1.0, 0.0, FAR, extra=1), Admit)  # a turn's place beyond it
     assert q.push("t2", "only", "a", 1.0, 0.0, FAR, extra=1) == Reject(ShedReason.TENANT_QUEUE_FULL, 1)
     q.push("b1", "only", "b", 1.0, 0.0, FAR, extra=0)  # a full total: b (0+1) pushes out a's newest

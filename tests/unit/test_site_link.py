@@ -10,6 +10,7 @@ the real ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from aiohttp import ClientSession, web
@@ -92,6 +93,27 @@ async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str
     return outs, posts, bodies, link
 
 
+@contextlib.asynccontextmanager
+async def _t_queue_full(tmp_path):
+    """A site of one permit (held by tenant x) and a queue of one place a tenant, t's taken: yields
+    (the link, its admission); releases both requests after."""
+    (tmp_path / "token").write_text("s3cret")
+    cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
+                                      "  peers: [{name: b, url: 'http://127.0.0.1:9'}]\n"
+                                      "admission: {capacity_per_replica: 1, max_queue_per_tenant: 1,"
+                                      " max_queue_total: 4}\n"), environ={})
+    gate = AsyncAdmission(Admission(cfg.admission, replicas=1))
+    held = await gate.acquire("x")
+    waiting = asyncio.ensure_future(gate.acquire("t"))  # t's one place in the queue
+    await asyncio.sleep(0.01)
+    try:
+        async with ClientSession() as http:
+            yield SiteLink(cfg, gate, http), gate
+    finally:
+        held.release()
+        (await waiting).release()
+
+
 def test_a_refused_forward_is_chosen_again_and_served_by_the_other_site(tmp_path):
     outs, posts, bodies, link = asyncio.run(_scenario(tmp_path, {"b": {"refuse": True}, "c": {}}, 6))
     assert outs == [(True, None)] * 6  # every request answered by a peer, none left to this full site
@@ -128,17 +150,7 @@ def test_a_turn_is_forwarded_to_its_site_as_a_turn_and_new_work_is_not(tmp_path)
 
 def test_a_turn_gets_the_turns_places_at_its_site_and_nowhere_else(tmp_path):
     async def scenario():
-        (tmp_path / "token").write_text("s3cret")
-        cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
-                                          "  peers: [{name: b, url: 'http://127.0.0.1:9'}]\n"
-                                          "admission: {capacity_per_replica: 1, max_queue_per_tenant: 1,"
-                                          " max_queue_total: 4}\n"), environ={})
-        gate = AsyncAdmission(Admission(cfg.admission, replicas=1))
-        held = await gate.acquire("x")
-        waiting = asyncio.ensure_future(gate.acquire("t"))  # t's one place in the queue
-        await asyncio.sleep(0.01)
-        async with ClientSession() as http:
-            link = SiteLink(cfg, gate, http)
+        async with _t_queue_full(tmp_path) as (link, gate):
             assert link.local_view("t").queue_wait_s == float("inf")
             assert link.local_view("t", turn=True).queue_wait_s < float("inf")  # one more place
             # the policy keeps a turn of a session served here, and marks it for admission
@@ -157,8 +169,6 @@ def test_a_turn_gets_the_turns_places_at_its_site_and_nowhere_else(tmp_path):
             turn = asyncio.ensure_future(gate.acquire("t", extra_queue=link.turn_places(scope, False)))
             await asyncio.sleep(0.01)
             assert not turn.done()  # queued beyond t's bound, not shed
-        held.release()
-        (await waiting).release()
         (await turn).release()
 
     asyncio.run(scenario())
@@ -193,21 +203,9 @@ def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
 
 def test_the_local_view_and_the_probe_answer_name_the_tenants_whose_queue_is_full(tmp_path):
     async def scenario():
-        (tmp_path / "token").write_text("s3cret")
-        cfg = load_config(write(tmp_path, f"sites:\n  name: a\n  token_file: {tmp_path / 'token'}\n"
-                                          "  peers: [{name: b, url: 'http://127.0.0.1:9'}]\n"
-                                          "admission: {capacity_per_replica: 1, max_queue_per_tenant: 1,"
-                                          " max_queue_total: 4}\n"), environ={})
-        gate = AsyncAdmission(Admission(cfg.admission, replicas=1))
-        held = await gate.acquire("x")
-        waiting = asyncio.ensure_future(gate.acquire("t"))  # t's one place in the queue
-        await asyncio.sleep(0.01)
-        async with ClientSession() as http:
-            link = SiteLink(cfg, gate, http)
+        async with _t_queue_full(tmp_path) as (link, gate):
             assert link.local_view("t").queue_wait_s == float("inf")
             assert 0 < link.local_view("u").queue_wait_s < float("inf")
             assert link.answer()["queue_full_tenants"] == ["t"]
-        held.release()
-        (await waiting).release()
 
     asyncio.run(scenario())
