@@ -40,6 +40,9 @@ def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None, 
         "enable_prefix_caching": True,
         "enforce_eager": True,
         "disable_log_stats": True,
+        # A grammar that allows free whitespace lets a peaked small model pad a forced tool
+        # call's arguments with it until max_tokens; JSON without it is still JSON.
+        "structured_outputs_config": {"disable_any_whitespace": True},
     }
     if pool.kv_cache_gb is not None:
         # A fixed size also skips the CPU backend's check that 92% of the
@@ -148,6 +151,10 @@ def build(cfg: BatonConfig, role: Role, topic: str | None = None, replay_endpoin
     kwargs = engine_kwargs(cfg, role, step, current_platform.is_cuda())
     if "kv_transfer_config" in kwargs:
         kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+    if isinstance(kwargs.get("structured_outputs_config"), dict):
+        from vllm.config import StructuredOutputsConfig
+
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
     if topic:
         r = cfg.routing
         kwargs["kv_events_config"] = KVEventsConfig(

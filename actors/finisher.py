@@ -38,6 +38,9 @@ from common.constants import REQUEST_ID_HEADER
 from common.response import BatonInfo
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+# Every path whose answers carry usage, and the API's shape of it.
+FINISHED_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "text", "/v1/responses": "responses",
+                  "/v1/messages": "messages"}
 INFO_HEADER = b"x-baton-info"
 # Set by the front on every completion it forwards (a client's own copies are dropped):
 TENANT_HEADER = b"x-baton-tenant"  # the tenant, percent-encoded
@@ -113,12 +116,51 @@ def normalize_error(status: int, body: dict) -> dict:
     return openai_error(status, message, code, err.get("param"))
 
 
-def finish_usage(obj: dict, info: BatonInfo) -> int | None:
-    """Sets cached_tokens as Baton counts them and adds `baton`; changes `obj`
-    and `info`. Returns the prompt's token count, None without usage.
+def _counted(prompt: int, completion: int, cached: int) -> dict:
+    """Usage in the chat shape the counters read (deployments/metrics.py record_usage)."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
-    When the prefill sampled the first token, this engine's prompt held it:
+
+def _finish_responses(obj: dict, info: BatonInfo) -> dict | None:
+    target = obj["response"] if isinstance(obj.get("response"), dict) else obj  # a stream event wraps it
+    usage = target.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("input_tokens_details") or {}
+    info.decode_cached_tokens = int(details.get("cached_tokens") or 0)
+    usage["input_tokens_details"] = {**details, "cached_tokens": info.cached_tokens()}
+    target["baton"] = info.body()
+    return _counted(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0), info.cached_tokens())
+
+
+def _finish_messages(obj: dict, info: BatonInfo) -> dict | None:
+    """Anthropic's usage: input_tokens leaves out what was read from cache or written to it."""
+    target = obj["message"] if isinstance(obj.get("message"), dict) else obj  # message_start wraps it
+    usage = target.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    created = int(usage.get("cache_creation_input_tokens") or 0)
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    total = int(usage.get("input_tokens") or 0) + read + created
+    info.decode_cached_tokens = read
+    usage["cache_read_input_tokens"] = cached = info.cached_tokens()
+    usage["input_tokens"] = max(0, total - cached - created)
+    target["baton"] = info.body()
+    return _counted(total, int(usage.get("output_tokens") or 0), cached)
+
+
+def finish_usage(obj: dict, info: BatonInfo, kind: str = "chat") -> dict | None:
+    """Sets the cached prompt tokens as Baton counts them and adds `baton`, in the usage
+    shape of API `kind` (FINISHED_PATHS); changes `obj` and `info`. Returns the usage in
+    the chat shape, for the counters; None without usage.
+
+    When the prefill sampled the first token (chat only), this engine's prompt held it:
     it is counted back as a completion token."""
+    if kind == "responses":
+        return _finish_responses(obj, info)
+    if kind == "messages":
+        return _finish_messages(obj, info)
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
@@ -129,7 +171,7 @@ def finish_usage(obj: dict, info: BatonInfo) -> int | None:
     info.decode_cached_tokens = int(details.get("cached_tokens") or 0)
     usage["prompt_tokens_details"] = {**details, "cached_tokens": info.cached_tokens()}
     obj["baton"] = info.body()
-    return int(usage.get("prompt_tokens") or 0)
+    return usage
 
 
 def _drop_role(chunk: bytes) -> bytes:
@@ -156,7 +198,7 @@ class Finisher:
         self.app, self.replica, self.on_usage = app, replica, on_usage
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] not in COMPLETION_PATHS:
+        if scope["type"] != "http" or scope["path"] not in FINISHED_PATHS:
             return await self.app(scope, receive, send)
         headers = scope["headers"]
         info = read_info(headers)
@@ -167,7 +209,8 @@ class Finisher:
         for s in (span, kv):
             s.set_attribute("baton.request_id", header(headers, REQUEST_ID_HEADER.encode()))
             s.set_attribute("baton.replica", self.replica)
-        finishing = _FinishingSend(send, info, kv, hide_usage=header(headers, HIDE_USAGE_HEADER) == "1")
+        finishing = _FinishingSend(send, info, kv, hide_usage=header(headers, HIDE_USAGE_HEADER) == "1",
+                                   kind=FINISHED_PATHS[scope["path"]])
         try:
             await self.app(scope, receive, finishing)
         finally:
@@ -182,8 +225,8 @@ class Finisher:
 class _FinishingSend:
     """The `send` handed to vLLM's app: rewrites what Finisher changes."""
 
-    def __init__(self, send, info: BatonInfo, kv_span, hide_usage: bool = False):
-        self.send, self.info, self.kv_span = send, info, kv_span
+    def __init__(self, send, info: BatonInfo, kv_span, hide_usage: bool = False, kind: str = "chat"):
+        self.send, self.info, self.kv_span, self.kind = send, info, kv_span, kind
         self.usage: dict | None = None  # the answer's (last) usage as sent, once seen
         self.hide_usage = hide_usage
         self.held: list[bytes] = []  # hidden usage: events from the first end of a choice on
@@ -230,15 +273,16 @@ class _FinishingSend:
         *events, rest = chunk.split(b"\n\n")
         out = []
         for event in events:
-            if _USAGE in event and event.startswith(b"data: {"):
-                obj = json.loads(event[6:])
-                if finish_usage(obj, self.info) is not None:
-                    self.usage = obj["usage"]
+            head, sep, data = event.rpartition(b"data: ")  # Anthropic's events name themselves first
+            if _USAGE in event and data.startswith(b"{") and (not head or head.endswith(b"\n")):
+                obj = json.loads(data)
+                if (usage := finish_usage(obj, self.info, self.kind)) is not None:
+                    self.usage = usage
                 if self.hide_usage and obj.get("choices") == []:
                     out += [_stamp(e, obj.get("system_fingerprint")) for e in self.held]
                     self.held = []
                     continue
-                event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+                event = head + sep + json.dumps(obj, separators=(",", ":")).encode()
             elif self.hide_usage and (self.held or _FINISHED in event):
                 self.held.append(event)
                 continue
@@ -259,9 +303,9 @@ class _FinishingSend:
             obj = None
         if obj is not None:
             if status >= 400:
-                obj = normalize_error(status, obj)
-            elif finish_usage(obj, self.info) is not None:
-                self.usage = obj["usage"]
+                obj = obj if self.kind == "messages" else normalize_error(status, obj)  # Anthropic's own shape
+            elif (usage := finish_usage(obj, self.info, self.kind)) is not None:
+                self.usage = usage
             raw = json.dumps(obj, separators=(",", ":")).encode()
         headers = [(k, v) for k, v in self.start["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(raw)).encode()))

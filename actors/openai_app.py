@@ -64,6 +64,17 @@ def frontend_args(cfg: BatonConfig):
     )
 
 
+def request_model(kind: str):
+    """vLLM's pydantic model of a `responses`, `messages` or `count_tokens` request body."""
+    if kind == "responses":
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+        return ResponsesRequest
+    from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+
+    return AnthropicMessagesRequest if kind == "messages" else AnthropicCountTokensRequest
+
+
 class EngineApp:
     """One AsyncLLM and vLLM's OpenAI app over it; built by `start`."""
 
@@ -150,11 +161,18 @@ class EngineApp:
             result = await self.state.openai_serving_chat.render_chat_request(
                 ChatCompletionRequest.model_validate(body))
             inputs = result if isinstance(result, ErrorResponse) else result[1]
-        else:
+        elif kind == "text":
             inputs = await self.state.openai_serving_completion.render_completion_request(
                 CompletionRequest.model_validate(body))
+        else:  # vLLM's own conversion of a Responses or Messages request (deployments/apis.py)
+            request = request_model(kind).model_validate(body)
+            render = self.state.serving_render
+            inputs = await (render.render_responses_request(request) if kind == "responses"
+                            else render.render_messages_request(request))
         if isinstance(inputs, ErrorResponse):
             raise ValueError(inputs.error.message)
+        if not isinstance(inputs, list):  # a Responses or Messages request: vLLM's render layer's ids
+            return {"prompt_token_ids": inputs.token_ids}
         if len(inputs) != 1:
             raise ValueError("batched prompts are not supported; send one prompt")
         return inputs[0]

@@ -11,6 +11,8 @@ Both are context managers that stop their process group (the server and what it 
 
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import subprocess
@@ -31,7 +33,8 @@ def vllm_serve_argv(cfg: BatonConfig, port: int) -> list[str]:
             "--dtype", cfg.model.dtype, "--block-size", str(cfg.model.block_size),
             "--max-model-len", str(cfg.model.max_model_len), "--enforce-eager",
             "--kv-cache-memory-bytes", str(int((cfg.decode.kv_cache_gb or 1) * 2**30)),
-            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+            "--structured-outputs-config", json.dumps({"disable_any_whitespace": True})]  # as Baton's engines
     if cfg.model.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.model.tool_call_parser]
     return argv

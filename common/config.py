@@ -23,7 +23,7 @@ from common.config_admission import AdmissionConfig
 from common.config_autoscale import AutoscalingSection
 from common.config_base import ConfigError, _Strict, parse_size
 from common.config_models import CatalogueConfig, CatalogueModel, check_catalogue
-from common.config_batch import BatchConfig
+from common.config_batch import BatchConfig, ResponsesConfig
 from common.config_runtime import RayConfig, TracingConfig
 from common.config_sites import SitesConfig
 from common.config_spec import SpeculationConfig
@@ -289,6 +289,7 @@ class BatonConfig(_Strict):
     ray: RayConfig = Field(default_factory=RayConfig)
     sites: SitesConfig = Field(default_factory=SitesConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
     state_dir: str = Field(".baton", description="pids, logs and worker configs of `up`")
 
     @model_validator(mode="after")

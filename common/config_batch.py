@@ -18,3 +18,12 @@ class BatchConfig(_Strict):
     poll_s: float = Field(1.0, gt=0, description="how often an idle front looks for batch lines to run")
     max_file_bytes: int = Field(16 * 2**20, gt=0, description="largest file `POST /v1/files` takes")
     max_lines: int = Field(50_000, gt=0, description="most requests in one batch's input file")
+
+
+class ResponsesConfig(_Strict):
+    """The Responses API's stored responses (deployments/response_store.py)."""
+
+    store_ttl_s: int = Field(30 * 86400, gt=0, description="how long a stored response (`store: true`, the "
+                             "default) can be read or chained with previous_response_id")
+    max_stored_bytes: int = Field(2**20, gt=0, description="largest conversation (input and output items) "
+                                  "one stored response keeps; a longer one is answered but not stored")

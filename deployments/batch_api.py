@@ -30,7 +30,7 @@ from deployments.bodies import read_body
 from deployments.front import respond
 from deployments.schemas import APIError
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # as OpenAI's Batch API
 WINDOW_S = {"24h": 24 * 3600}
 _FILE = re.compile(r"^/v1/files/([A-Za-z0-9_-]+)(/content)?$")
 _BATCH = re.compile(r"^/v1/batches/([A-Za-z0-9_-]+)(/cancel)?$")

@@ -36,8 +36,8 @@ def line_work(line: str) -> tuple[int, int]:
     """An input line's (JSON text's) estimated (prompt tokens, output tokens): its messages' or
     prompt's length in characters / CHARS_PER_TOKEN, and max_tokens (or DEFAULT_OUTPUT_TOKENS) x n."""
     body = json.loads(line)["body"]
-    text = json.dumps(body.get("messages", body.get("prompt", "")))
-    out = body.get("max_completion_tokens") or body.get("max_tokens")
+    text = json.dumps(body.get("messages", body.get("prompt", body.get("input", ""))))  # chat, text, responses
+    out = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
     out = out if isinstance(out, int) and out > 0 else DEFAULT_OUTPUT_TOKENS
     n = body.get("n") if isinstance(body.get("n"), int) and body.get("n") > 0 else 1
     return len(text) // CHARS_PER_TOKEN + 1, out * n

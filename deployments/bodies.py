@@ -1,4 +1,4 @@
-"""Reading request bodies within a size limit, and refusing larger ones with a 413.
+"""Reading request bodies within a size limit (refusing larger ones with a 413), and answering.
 
 A refused body is still read (and dropped) up to DRAIN_FACTOR times the
 limit, so that the client reads the 413 rather than a connection reset; past
@@ -6,6 +6,8 @@ that the connection is closed.
 """
 
 from __future__ import annotations
+
+import json
 
 from actors.finisher import header
 from deployments.schemas import APIError
@@ -55,3 +57,20 @@ async def read_body(receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def small_body(scope) -> bool:
+    """Whether the request declares a body small enough to be read already
+    (closing a socket with unread data would reset it before the answer)."""
+    raw = header(scope["headers"], b"content-length")
+    return raw.isdigit() and int(raw) <= 65536
+
+
+async def respond(send, status: int, body: dict | bytes, headers: dict | None = None,
+                  content_type: bytes = b"application/json") -> None:
+    """Sends one whole answer: `body` (JSON unless bytes) with `status` and `headers`."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    hdrs = [(b"content-type", content_type), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})

@@ -2,10 +2,12 @@
 
 Every decode replica listens on the public port (SO_REUSEPORT, so the kernel
 spreads connections over the replicas of a node) and runs this front before
-its own vLLM OpenAI app. For a completion request it
-1. checks the API key (tenant), the body against Baton's strict schema
-   (unknown fields and roles are 400s, as in OpenAI's API) and the model;
-2. takes an engine permit from the tenant's fair queue, or answers 429;
+its own vLLM OpenAI app. Chat completions, completions, Responses and
+Anthropic Messages (deployments/apis.py: every route that reaches an engine;
+any other is a 404) take one path:
+1. the API key (tenant), the body against the API's strict schema (unknown
+   fields are 400s, in the API's own error shape) and the model;
+2. an engine permit from the tenant's fair queue, or a 429;
 3. routes: unrouted colocated runs here (or, when this engine is full and
    the front holds more of the pool's permits than it can run, on a peer's
    engine); disaggregated and routed colocated (routing.colocated_router)
@@ -16,11 +18,11 @@ its own vLLM OpenAI app. For a completion request it
    forwards the bytes to the chosen replica's internal server; a replica
    that fails before the request's first token costs a retry here.
 With a model catalogue, step 3 is the requested model's engine here, woken
-if cold (deployments/model_host.py).
-The tenant becomes vLLM's `cache_salt`; the rendered prompt ids travel in
-`kv_transfer_params.prompt_token_ids`, so no process tokenises twice.
+if cold (deployments/model_host.py). The tenant becomes vLLM's `cache_salt`;
+chat and Messages prompt ids travel in `kv_transfer_params.prompt_token_ids`,
+so no process tokenises them twice. A Responses chain is resolved here
+(deployments/responses_api.py), so the engine sees a stateless request.
 """
-
 from __future__ import annotations
 
 import json
@@ -29,37 +31,25 @@ import uuid
 
 import redis
 
-from actors.finisher import COMPLETION_PATHS, INFO_HEADER, ask_usage, error_code, header, usage_headers
+from actors.finisher import INFO_HEADER, ask_usage, error_code, header, usage_headers
 from common import tracing
 from common.config import BatonConfig
 from common.constants import REQUEST_ID_HEADER, SESSION_HEADER
 from common.response import BatonInfo
-from deployments import first_token, relay, schemas
+from deployments import apis, first_token, relay, schemas
 from deployments.admission import AsyncAdmission, Shed
 from deployments.api_keys import KeyTable
-from deployments.bodies import check_length, read_body
+from deployments.bodies import check_length, read_body, respond, small_body  # noqa: F401 - respond: re-exported
 from deployments.metrics import IngressMetrics
 from deployments.metrics_scrape import pool_metrics
 from deployments.model_routing import prefix_keys
 from deployments.request_headers import deadline_of, tenant_of, tier_of
 from deployments.request_routing import RequestRouting, Route
+from deployments.response_store import ResponseCapture, input_items
 from deployments.schemas import APIError
 from routing.spill import SpillChooser
 
-def _small_body(scope) -> bool:
-    """Whether the request declares a body small enough to be read already
-    (closing a socket with unread data would reset it before the answer)."""
-    raw = header(scope["headers"], b"content-length")
-    return raw.isdigit() and int(raw) <= 65536
-
-
-async def respond(send, status: int, body: dict | bytes, headers: dict | None = None,
-                  content_type: bytes = b"application/json") -> None:
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    hdrs = [(b"content-type", content_type), (b"content-length", str(len(raw)).encode())]
-    hdrs += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": raw})
+_ID_PREFIX = {"chat": "chatcmpl", "text": "cmpl", "messages": "msg"}
 
 
 class Front:
@@ -80,6 +70,7 @@ class Front:
         self.sites = None  # deployments/site_link.py, when `sites.peers` are configured
         self.model_routing = None  # deployments/model_routing.py, with a catalogue
         self.batches = None  # deployments/batch_api.py: /v1/files and /v1/batches
+        self.responses = None  # deployments/responses_api.py: stored responses and chains
         metrics.before_render = self.admission_gauges
 
     async def __call__(self, scope, receive, send):
@@ -87,8 +78,10 @@ class Front:
             return
         path, method = scope["path"], scope["method"]
         try:
-            if path in COMPLETION_PATHS and method == "POST":
-                return await self._completion(scope, receive, send)
+            if (api := apis.APIS.get(path)) is not None and method == "POST":
+                return await self._completion(scope, receive, send, api)
+            if path.startswith("/v1/responses/"):
+                return await self.responses.stored(scope, send, tenant_of(scope, self.cfg.serve, self.keys))
             if path == "/health":
                 ready, why = await self.readiness()
                 return await respond(send, 200 if ready else 503, {"status": "ok" if ready else why},
@@ -112,17 +105,17 @@ class Front:
                                    code="starting", headers={"Retry-After": "5"})
                 if self.models is not None:
                     return await respond(send, 200, {"object": "list", "data": self.models.listing()})
-            if path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/version"):
+            if path in apis.LOCAL_ROUTES:  # no engine step and no tenant data (deployments/apis.py)
                 return await self.local(scope, receive, send)
-            raise APIError(404, f"no route {method} {path}", code="not_found")
+            raise APIError(404, f"no route {method} {path}", code="not_found")  # default deny
         except APIError as exc:
-            await respond(send, exc.status, exc.body(), exc.headers)
+            await respond(send, exc.status, apis.error_body(exc, apis.shape_of(path)), exc.headers)
         except ConnectionError:
             return
         except Exception as exc:  # noqa: BLE001 - a bug here must still answer in OpenAI's shape
             err = APIError(500, f"internal error: {type(exc).__name__}", "server_error")
             try:
-                await respond(send, 500, err.body())
+                await respond(send, 500, apis.error_body(err, apis.shape_of(path)))
             except Exception:  # noqa: BLE001 - the response had already started
                 pass
 
@@ -140,19 +133,18 @@ class Front:
 
     # -- request preparation -------------------------------------------------
 
-    def _parse(self, kind: str, raw: bytes) -> dict:
+    def _parse(self, api: apis.Api, raw: bytes) -> dict:
         """The validated body as a dict; APIError(4xx) when it is not acceptable."""
-        schema = schemas.ChatCompletionRequest if kind == "chat" else schemas.CompletionRequest
-        req = schemas.parse(schema, raw)
-        if req.model != self.model and (self.models is None or not self.models.known(req.model)):
-            raise APIError(404, f"The model '{req.model}' does not exist", param="model",
-                           code="model_not_found")
-        return json.loads(raw)
+        body = apis.parse(api, raw)
+        model = body["model"]
+        if model != self.model and (self.models is None or not self.models.known(model)):
+            raise APIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        return body
 
     # -- the request path -----------------------------------------------------
 
-    async def _completion(self, scope, receive, send) -> None:
-        kind = "chat" if scope["path"] == COMPLETION_PATHS[0] else "text"
+    async def _completion(self, scope, receive, send, api: apis.Api) -> None:
+        kind = api.kind
         forwarded = self.sites.forwarded_tenant(scope) if self.sites is not None else None
         # A batch line (deployments/batch_runner.py) carries its tenant in the scope, set in-process only.
         tenant = scope.get("baton.tenant") or forwarded or tenant_of(scope, self.cfg.serve, self.keys)
@@ -160,41 +152,56 @@ class Front:
         await check_length(scope, receive, limit)
         raw = None
         if self.sites is not None and forwarded is None and "baton.tenant" not in scope:  # site_link.py
-            done, raw = await self.sites.offload(scope, receive, send, tenant, lambda b: self._parse(kind, b))
+            done, raw = await self.sites.offload(scope, receive, send, tenant, lambda b: self._parse(api, b))
             if done:
                 return
+        if not api.generates:  # count_tokens: the template and tokenizer only, no engine step or permit
+            raw = raw if raw is not None else await read_body(receive, limit)
+            self._parse(api, raw)
+            return await relay.run_local(self.local, scope, raw, receive, send, [], lambda _timing: None)
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
         extra = self.sites.turn_places(scope, forwarded is not None) if self.sites is not None else 0
         permit = await self._admit(tenant, tier_of(scope, self.cfg.admission.tiers), deadline_of(scope),
-                                   _small_body(scope), extra)
+                                   small_body(scope), extra)
         try:
-            body = self._parse(kind, raw if raw is not None else await read_body(receive, limit))
+            body = self._parse(api, raw if raw is not None else await read_body(receive, limit))
+            session = apis.session_of(api, header(scope["headers"], SESSION_HEADER.encode()), body)
+            if kind == "responses":
+                session = await self.responses.chain(body, tenant, session)
         except BaseException:
             self._release(permit, tenant)
             raise
         body["cache_salt"] = tenant
+        if kind == "responses" and body.get("store") is not False:  # kept for previous_response_id
+            capture = ResponseCapture(send)
+            turn = input_items(body["input"])
+            await self._serve(scope, receive, capture, kind, body, tenant, permit, session)
+            return await self.responses.keep(tenant, capture.response, turn, session)
+        await self._serve(scope, receive, send, kind, body, tenant, permit, session)
+
+    async def _serve(self, scope, receive, send, kind: str, body: dict, tenant: str, permit, session) -> None:
+        """Runs an admitted, parsed request on its model's engine: here, or a catalogue's peer's."""
         if self.models is None:
-            return await self._run(scope, receive, send, kind, body, tenant, permit, self.local)
-        session = header(scope["headers"], SESSION_HEADER.encode()) or None
+            return await self._run(scope, receive, send, kind, body, tenant, permit, self.local, session=session)
         prefixes = None if session else prefix_keys(tenant, body)
         if peer := await self.model_routing.peer(body["model"], session, self.models.resident_here(body["model"]),
                                                  prefixes):
             # Its session's replica or a peer has it resident: it runs there (here, woken, if that peer fails).
-            return await self._run(scope, receive, send, kind, body, tenant, permit, self.models, peer)
+            return await self._run(scope, receive, send, kind, body, tenant, permit, self.models, peer,
+                                   session=session)
         local = await self._model_app(body["model"], scope, permit, tenant)
         try:
-            await self._run(scope, receive, send, kind, body, tenant, permit, local)
+            await self._run(scope, receive, send, kind, body, tenant, permit, local, session=session)
         finally:
             self.models.release(body["model"])
 
     async def _run(self, scope, receive, send, kind: str, body: dict, tenant: str, permit, local,
-                   route: Route | None = None) -> None:
+                   route: Route | None = None, session: str | None = None) -> None:
         """Routes (unless `route` says where) and answers one admitted, parsed request; `local` is the
-        app of its model here."""
-        session = header(scope["headers"], SESSION_HEADER.encode()) or None
-        body["request_id"] = uuid.uuid4().hex
-        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{body['request_id']}"
+        app of its model here, `session` its session key (apis.session_of)."""
+        rid = body.setdefault("request_id", uuid.uuid4().hex)  # a Responses request's is its response id
+        request_id = rid if kind == "responses" else f"{_ID_PREFIX.get(kind, 'cmpl')}-{rid}"
         extra = [(REQUEST_ID_HEADER.encode(), request_id.encode())]
         if session:
             extra.append((SESSION_HEADER.encode(), session.encode()))
@@ -214,7 +221,7 @@ class Front:
             done = self._on_done(permit, tenant, route)
             try:
                 await self._dispatch(scope, receive, stream, body, info, route, request_id, extra, done, tenant,
-                                     local)
+                                     local, kind)
             finally:
                 done(None)  # idempotent: frees whatever a cancelled or failed dispatch still holds
 
@@ -232,11 +239,11 @@ class Front:
             self.metrics.render_s.observe(time.perf_counter() - t0)
         except ValueError as exc:
             raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
-        # vLLM's chat renderer takes these ids instead of templating again;
-        # a completion prompt simply becomes the ids.
-        if kind == "chat":
+        # vLLM's chat renderer (a Messages request's too) takes these ids instead of templating
+        # again; a completion prompt simply becomes the ids; a Responses request renders again.
+        if kind in ("chat", "messages"):
             body["kv_transfer_params"] = {"prompt_token_ids": ids}
-        else:
+        elif kind == "text":
             body["prompt"] = ids
         try:
             t0 = time.perf_counter()
@@ -308,9 +315,10 @@ class Front:
             self.routing.prefill_done(route)
 
     async def _dispatch(self, scope, receive, send, body: dict, info: BatonInfo, route: Route | None,
-                        request_id: str, extra: list, done, tenant: str, local) -> None:
-        # Whose answer it is, for the Finisher's usage counters; streams always ask vLLM for usage.
-        bill = usage_headers(tenant, body["model"], ask_usage(body))
+                        request_id: str, extra: list, done, tenant: str, local, kind: str = "chat") -> None:
+        # Whose answer it is, for the Finisher's usage counters; chat and completion streams always
+        # ask vLLM for usage (Responses and Messages streams report it anyway).
+        bill = usage_headers(tenant, body["model"], kind in ("chat", "text") and ask_usage(body))
         raw = json.dumps(body).encode()
         remote = route is not None and route.decode_replica != self.replica and route.decode_url
         on_first = (lambda: self.routing.computed(route)) if route is not None and self.routing is not None else None
@@ -343,11 +351,9 @@ class Front:
     async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None, close: bool,
                      extra_queue: int = 0):
         """A permit, or APIError 429 (``extra_queue``: places beyond the queue's bounds, a session's
-        turn at its site, deployments/site_link.py). ``close``: a refusal also closes the
-        connection, so the client's next request takes a new one, which the
-        kernel may give to another replica: a replica that refuses fast
-        would otherwise get ever more of the traffic over kept-alive
-        connections while its peers sit on long streams."""
+        turn at its site, deployments/site_link.py). ``close``: a refusal also closes the connection,
+        so the client's next request may reach another replica (a replica that refuses fast would
+        otherwise get ever more traffic over kept-alive connections while its peers sit on streams)."""
         waited = time.monotonic()
         try:
             permit = await self.gate.acquire(tenant, tier, deadline_s, extra_queue)

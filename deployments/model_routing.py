@@ -51,6 +51,8 @@ def prompt_text(body: dict) -> str:
     """The request's prompt as text that only grows as a conversation goes on: each chat message
     serialised on its own line (so appending turns appends text), or a completion's prompt."""
     messages = body.get("messages")
+    if messages is None and "input" in body:  # a Responses request: its input items
+        messages = [{"role": "user", "content": body["input"]}] if isinstance(body["input"], str) else body["input"]
     if isinstance(messages, list):
         return _lines(messages)
     prompt = body.get("prompt")

@@ -209,17 +209,25 @@ class EngineReplica:
             from deployments.model_routing import ModelRouting
 
             front.model_routing = ModelRouting(self.replica, front.peers, client, self.cfg.routing.pin_ttl_s)
-        from deployments.batch_api import BatchAPI  # the Batch API, its lines run by every front
-        from deployments.batch_runner import BatchRunner
-        from deployments.batch_store import BatchStore
-
-        store = BatchStore(client)
-        front.batches, self.batch_runner = BatchAPI(self.cfg, store), BatchRunner(self.cfg, store, gate, front)
+        self._stored_apis(front, gate, client)
         if self.cfg.sites.enabled:  # routing across sites (deployments/site_link.py)
             from deployments.site_link import SiteLink
 
             front.sites = SiteLink(self.cfg, gate, self.http, metrics)
         return front
+
+    def _stored_apis(self, front, gate, client) -> None:
+        """The APIs whose state is in Redis: batches (their lines run by every front) and stored responses."""
+        from deployments.batch_api import BatchAPI
+        from deployments.batch_runner import BatchRunner
+        from deployments.batch_store import BatchStore
+        from deployments.response_store import ResponseStore
+        from deployments.responses_api import ResponsesAPI
+
+        r = self.cfg.responses
+        front.responses = ResponsesAPI(ResponseStore(client, r.store_ttl_s, r.max_stored_bytes))
+        store = BatchStore(client)
+        front.batches, self.batch_runner = BatchAPI(self.cfg, store), BatchRunner(self.cfg, store, gate, front)
 
     def _serve(self, app, sock: socket.socket, public: bool = False) -> None:
         server, task = _server(self._counting(app, public), sock)

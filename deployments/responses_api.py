@@ -1,0 +1,81 @@
+"""The Responses API's state in the front: chains and the `/v1/responses/{id}` routes.
+
+A new response gets its id here (vLLM answers with the request's
+`request_id`), so its chain's session key is known before it is routed. A
+request with `previous_response_id` is made stateless from the tenant's
+stored conversation (deployments/response_store.py), and is routed with the
+chain's session key, so it runs where its prefix is cached. The answer the
+client received is stored once it completed.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from deployments.bodies import respond
+from deployments.response_store import ResponseStore, chained
+from deployments.schemas import APIError
+
+
+def _unavailable() -> APIError:
+    return APIError(503, "the response store is unavailable; retry", "server_error", code="store_unavailable",
+                    headers={"Retry-After": "1"})
+
+
+class ResponsesAPI:
+    """One front's view of the stored responses."""
+
+    def __init__(self, store: ResponseStore):
+        self.store = store
+
+    async def chain(self, body: dict, tenant: str, session: str | None) -> str:
+        """Gives a Responses request its response id and, with `previous_response_id`, the stored
+        conversation it continues (404 when `tenant` has no such response). Changes `body`;
+        returns the chain's session key (`session`, the header's, wins)."""
+        body["request_id"] = f"resp_{uuid.uuid4().hex}"
+        previous_id = body.get("previous_response_id")
+        if previous_id is None:
+            return session or f"response:{body['request_id']}"
+        try:
+            previous = await self.store.get(tenant, str(previous_id))
+        except redis.RedisError:
+            raise _unavailable() from None
+        if previous is None:
+            raise APIError(404, f"Previous response with id '{previous_id}' not found.",
+                           param="previous_response_id", code="previous_response_not_found")
+        chained(body, previous)
+        return session or previous["session"]
+
+    async def keep(self, tenant: str, response, turn: list, session: str) -> bool:
+        """Stores a completed `response` (as its client received it) with the input `turn` that
+        led to it; best effort, the answer is already sent. Whether it was stored."""
+        if not isinstance(response, dict) or response.get("status") != "completed" or "id" not in response:
+            return False
+        response["store"] = True  # the engine's own store is off; Baton's kept it
+        try:
+            return await self.store.put(tenant, response, turn, session)
+        except redis.RedisError:
+            return False  # a turn that names it gets a 404
+
+    async def stored(self, scope, send, tenant: str) -> None:
+        """GET and DELETE /v1/responses/{id}, and POST .../cancel, on `tenant`'s stored responses."""
+        response_id, _, action = scope["path"][len("/v1/responses/"):].partition("/")
+        method = scope["method"]
+        if (action, method) not in (("", "GET"), ("", "DELETE"), ("cancel", "POST")):
+            raise APIError(404, f"no route {method} {scope['path']}", code="not_found")
+        try:
+            stored = await self.store.get(tenant, response_id)
+            if stored is not None and method == "DELETE":
+                await self.store.delete(tenant, response_id)
+        except redis.RedisError:
+            raise _unavailable() from None
+        if stored is None:
+            raise APIError(404, f"Response with id '{response_id}' not found.", code="not_found")
+        if action == "cancel":  # only a background response can be; Baton runs none
+            raise APIError(400, "Cannot cancel a response that was not created with background=true.",
+                           param="response_id", code="not_background")
+        if method == "DELETE":
+            return await respond(send, 200, {"id": response_id, "object": "response", "deleted": True})
+        await respond(send, 200, stored["response"])
