@@ -39,18 +39,17 @@ def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None, 
         "max_model_len": cfg.model.max_model_len,
         "enable_prefix_caching": True,
         "enforce_eager": True,
-        "disable_log_stats": True,
+        "disable_log_stats": False,  # vLLM's engine series on /metrics, as `vllm serve` has them
         # A grammar that allows free whitespace lets a peaked small model pad a forced tool
         # call's arguments with it until max_tokens; JSON without it is still JSON.
-        "structured_outputs_config": {"disable_any_whitespace": True},
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
     if pool.kv_cache_gb is not None:
         # A fixed size also skips the CPU backend's check that 92% of the
         # node's memory is free, which fails with several engines per node.
         kwargs["kv_cache_memory_bytes"] = int(pool.kv_cache_gb * 2**30)
     if pool.speculation is not None and role != "prefill":  # prefill computes one token: nothing to speculate
-        kwargs["speculative_config"] = pool.speculation.vllm(gpu)
-        kwargs["disable_log_stats"] = False  # the acceptance counts come with the engine's stats
+        kwargs["speculative_config"] = pool.speculation.vllm(gpu)  # acceptance counts come with the stats
     if step_tokens:
         kwargs["max_num_batched_tokens"] = step_tokens
     kwargs.update(pool.engine_args)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -103,14 +104,14 @@ class EngineApp:
         if eargs.kv_transfer_config is not None:
             eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         loggers = None
+        # The engine's stats feed vLLM's Prometheus series (deployments/metrics_scrape.py EngineSeries),
+        # without vLLM's log line every 10 s.
+        logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         if eargs.speculative_config is not None:  # count acceptance from the engine's stats (actors/spec_stats.py)
-            import logging
-
             from actors.spec_stats import SpecCounts, stat_logger
 
             self.spec = SpecCounts()
             loggers = [stat_logger(self.spec)]
-            logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)  # not vLLM's 10 s log lines
         # The constructor waits for the engine core's handshake (seconds): off the loop, so a replica
         # that wakes one model of a catalogue keeps serving the others meanwhile.
         self.engine = await asyncio.get_running_loop().run_in_executor(

@@ -34,7 +34,8 @@ def vllm_serve_argv(cfg: BatonConfig, port: int) -> list[str]:
             "--max-model-len", str(cfg.model.max_model_len), "--enforce-eager",
             "--kv-cache-memory-bytes", str(int((cfg.decode.kv_cache_gb or 1) * 2**30)),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-            "--structured-outputs-config", json.dumps({"disable_any_whitespace": True})]  # as Baton's engines
+            # as Baton's engines (actors/engine_args.py)
+            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if cfg.model.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.model.tool_call_parser]
     return argv

@@ -1,4 +1,6 @@
-"""/metrics of a whole pool: one front's metrics summed with its peers' and the KV indexer's totals."""
+"""/metrics of a whole pool: one front's metrics summed with its peers' and the KV indexer's totals,
+and each replica's vLLM engine series (`vllm:*`, labelled with the replica), so that a dashboard
+built for `vllm serve` works against Baton."""
 
 from __future__ import annotations
 
@@ -41,3 +43,25 @@ async def _indexer_metrics(client) -> bytes:
         lines += [f"# HELP {metric} KV indexer: {name.decode().replace('_', ' ')}", f"# TYPE {metric} counter",
                   f"{metric} {float(value)}"]
     return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+class EngineSeries:
+    """A Prometheus collector: vLLM's own series (`vllm:*`: requests running and waiting, KV cache
+    usage, prefix-cache queries and hits, speculative decoding, latencies) from this process's
+    default registry, each sample labelled `replica`. Changes nothing. With a model catalogue,
+    vLLM keeps the series of the engine it started last."""
+
+    def __init__(self, replica: str):
+        self.replica = replica
+
+    def collect(self):
+        from prometheus_client import REGISTRY
+        from prometheus_client.metrics_core import Metric
+
+        for fam in REGISTRY.collect():
+            if not fam.name.startswith("vllm:"):
+                continue
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for s in fam.samples:
+                out.add_sample(s.name, {**s.labels, "replica": self.replica}, s.value, s.timestamp)
+            yield out

@@ -173,7 +173,10 @@ class EngineReplica:
         from deployments.readiness import Readiness
         from deployments.request_routing import RequestRouting
 
+        from deployments.metrics_scrape import EngineSeries
+
         self.metrics = metrics = IngressMetrics()
+        metrics.registry.register(EngineSeries(self.replica))  # vLLM's own series, this replica's
         if getattr(self.engine, "spec", None) is not None:  # speculation's acceptance, in /metrics
             from actors.spec_stats import SpecCollector
 

@@ -15,10 +15,12 @@ def tenant_of(scope, serve, keys) -> str:
     """The request's tenant, from its API key (deployments/api_keys.py `keys`); 401 if the key is wrong,
     or missing where `serve.require_api_key`. With no keys issued and none required, any key is anonymous."""
     auth = header(scope["headers"], b"authorization")
-    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    # Anthropic's clients send their key as `x-api-key`.
+    token = auth[7:].strip() if auth.lower().startswith("bearer ") else header(scope["headers"], b"x-api-key").strip()
     if not token:
         if serve.require_api_key:
-            raise APIError(401, "Missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+            raise APIError(401, "Missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)",
+                           code="invalid_api_key")
         return serve.anonymous_tenant
     tenant = keys.tenant(token)
     if tenant is not None:

@@ -58,3 +58,44 @@ def client(stack):
     from openai import OpenAI
 
     return OpenAI(base_url=f"{stack.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
+
+
+_COLOCATED: dict = {}  # the running colocated stack, while tests that use it remain
+
+
+@pytest.fixture
+def colocated_stack(tmp_path_factory):
+    """Baton colocated with two routed replicas (routing.colocated_router), keys required. Started by
+    the first test that uses it and stopped after the last (pytest_runtest_teardown), so it runs
+    beside the shared stack only while the agent API modules run."""
+    if "stack" not in _COLOCATED:
+        s = StackProcess(write_config(
+            tmp_path_factory.mktemp("colocated"), colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
+            serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"},
+                   "require_api_key": True},
+            admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16}))
+        s.start()
+        _COLOCATED["stack"] = s
+    return _COLOCATED["stack"]
+
+
+def _needs_colocated(item) -> bool:
+    spec = getattr(item, "callspec", None)
+    return "colocated_stack" in item.fixturenames or (spec is not None and "colocated" in spec.params.values())
+
+
+def _stop_colocated() -> None:
+    s = _COLOCATED.pop("stack", None)
+    if s is not None:
+        assert s.stop() == 0, s.tail()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _COLOCATED:
+        items = item.session.items
+        if not any(_needs_colocated(i) for i in items[items.index(item) + 1:]):
+            _stop_colocated()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_colocated()

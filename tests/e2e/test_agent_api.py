@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from deployments.api_keys import hash_key
 from tests.e2e.conftest import KEY_A
 
 # Bounded schemas: the tiny model's free text holds control characters that
@@ -25,9 +24,6 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Pa
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": CITY}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-# The copying model fills a forced call's arguments from JSON it was shown; asked plainly, it pads the
-# arguments with the whitespace the JSON grammar allows until max_tokens.
-ASK_WITH_ARGS = [{"role": "user", "content": 'What is the weather in Paris? Use {"city": "Paris"}'}]
 FORCED = {"type": "function", "function": {"name": "get_weather"}}
 TOOL_TURN = ASK + [
     {"role": "assistant", "content": None, "tool_calls": [
@@ -45,7 +41,7 @@ def _create(client, **kw):
 
 
 def forced_tool_call(client):
-    msg = _create(client, messages=ASK_WITH_ARGS, tools=TOOLS, tool_choice=FORCED, max_tokens=40).choices[0].message
+    msg = _create(client, messages=ASK, tools=TOOLS, tool_choice=FORCED, max_tokens=40).choices[0].message
     call = msg.tool_calls[0]
     return call.function.name, json.loads(call.function.arguments)
 
@@ -98,19 +94,6 @@ def vllm_serve(stack):
 
 
 @pytest.fixture(scope="module")
-def colocated_stack(tmp_path_factory):
-    from bench.stack import StackProcess, write_config
-
-    # Two replicas: the fronts route among them (routing.colocated_router).
-    s = StackProcess(write_config(tmp_path_factory.mktemp("colocated"), colocated=True,
-                                  decode={"replicas": 2, "kv_cache_gb": 0.25},
-                                  serve={"api_keys": {hash_key(KEY_A): "tenant-a"}, "require_api_key": True}))
-    s.start()
-    yield s
-    assert s.stop() == 0, s.tail()
-
-
-@pytest.fixture(scope="module")
 def expected(vllm_serve):
     from openai import OpenAI
 
@@ -118,7 +101,7 @@ def expected(vllm_serve):
     return {case.__name__: case(client) for case in CASES}
 
 
-@pytest.fixture(scope="module", params=["disaggregated", "colocated"])
+@pytest.fixture(params=["disaggregated", "colocated"])
 def baton_client(request):
     from openai import OpenAI
 
