@@ -81,7 +81,9 @@ def metric(stack, name: str, **labels) -> float:
 
 
 def _text(tag: str) -> str:
-    return prompts.make(tag, 300)[1]["content"] + f" ({tag})"
+    """A long prompt whose first block is its own (the tag leads), so that no earlier test's
+    prompt, of either tenant, shares a prefix with it."""
+    return f"Case {tag}. " + prompts.make(tag, 300)[1]["content"]
 
 
 @pytest.fixture(params=["disaggregated", "colocated"])
@@ -227,3 +229,29 @@ def test_engine_routes_baton_does_not_serve_are_404s(stack, route):
     r = httpx.post(f"{stack.url}{route}", json={"model": MODEL}, headers={"authorization": f"Bearer {KEY_A}"},
                    timeout=30)
     assert r.status_code == 404, r.text
+
+
+def test_langchain_s_forced_tool_call_works_on_the_default_model(stack):
+    """A client Baton did not write: LangChain's `bind_tools` with a forced tool, plainly asked."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return "sunny"
+
+    llm = ChatOpenAI(base_url=f"{stack.url}/v1", api_key=KEY_A, model=MODEL, temperature=0, max_tokens=40,
+                     max_retries=0, timeout=120)
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    assert [c["name"] for c in msg.tool_calls] == ["get_weather"], msg
+    assert isinstance(msg.tool_calls[0]["args"].get("city"), str), msg.tool_calls
+
+
+def test_metrics_carry_each_replicas_vllm_engine_series(stack):
+    """A dashboard built for `vllm serve` finds its series, one per decode replica."""
+    text = urllib.request.urlopen(f"{stack.url}/metrics", timeout=10).read().decode()
+    for series in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total"):
+        replicas = set(re.findall(rf'^{series}\{{[^}}]*replica="([^"]+)"', text, re.M))
+        assert len(replicas) == 2, (series, replicas)
+    assert metric(stack, "vllm:prefix_cache_hits_total") > 0  # the tests above repeated prompts

@@ -12,8 +12,8 @@ import pytest
 from tests.e2e.conftest import KEY_B
 
 
-def _lines(rows: list[tuple[str, dict]]) -> bytes:
-    return "".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
+def _lines(rows: list[tuple[str, dict]], url: str = "/v1/chat/completions") -> bytes:
+    return "".join(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
                    + "\n" for cid, body in rows).encode()
 
 
@@ -88,3 +88,18 @@ def test_a_cancelled_batch_runs_no_more_lines_and_keeps_what_finished(client):
     if batch.request_counts.completed:
         done = client.files.content(batch.output_file_id).text.splitlines()
         assert len(done) == batch.request_counts.completed
+
+
+def test_a_responses_batch_runs_its_lines_as_the_responses_api(client):
+    """OpenAI's Batch API takes /v1/responses lines too; each runs through the same pipeline."""
+    rows = [(f"r{i}", {"model": "baton-tiny", "input": f"respond {i}", "max_output_tokens": 5, "temperature": 0})
+            for i in range(2)]
+    upload = client.files.create(file=("resp.jsonl", io.BytesIO(_lines(rows, "/v1/responses"))), purpose="batch")
+    batch = _wait(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/responses",
+                                                completion_window="24h").id)
+    assert batch.status == "completed" and batch.request_counts.completed == 2, batch
+    out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    for r in out:
+        body = r["response"]["body"]
+        assert body["object"] == "response" and body["status"] == "completed", body
+        assert body["usage"]["output_tokens"] <= 5 and body["output"], body
