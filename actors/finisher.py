@@ -1,13 +1,18 @@
 """ASGI middleware around vLLM's OpenAI app: what Baton adds to its answers.
 
-On the completion routes it
+On the routes that generate (FINISHED_PATHS: chat completions, completions,
+Responses, Anthropic Messages) it
 - adds the `baton` object (common.response.BatonInfo) to a JSON answer and to
-  every stream chunk that carries `usage`, with what the routing front sent
+  every stream event that carries `usage`, with what the routing front sent
   in the `x-baton-info` header plus this replica's id and its engine's hit;
-- reports `usage.prompt_tokens_details.cached_tokens` as Baton counts it
-  (the prefill engine's hit when a prefill ran);
+- reports the cached prompt tokens as Baton counts them (the prefill
+  engine's hit when a prefill ran) in each API's own terms: chat's
+  `prompt_tokens_details.cached_tokens`, Responses'
+  `input_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens`
+  (with `input_tokens` the rest of the prompt);
 - turns vLLM's error bodies into OpenAI's (`type` invalid_request_error and a
-  string `code` such as context_length_exceeded or model_not_found).
+  string `code` such as context_length_exceeded or model_not_found); the
+  Messages route's are already Anthropic's.
 
 Each answer that reports usage reaches `on_usage(info, usage, tenant, model)`
 once, with the `usage` object as the client receives it (a stream's last

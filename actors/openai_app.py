@@ -148,9 +148,11 @@ class EngineApp:
         """
         from vllm.exceptions import VLLMClientError
 
+        from pydantic import ValidationError
+
         try:
             return await self._render(kind, body)
-        except VLLMClientError as exc:
+        except (VLLMClientError, ValidationError, TypeError, KeyError) as exc:  # what the body's content caused
             raise ValueError(str(exc)) from None
 
     async def _render(self, kind: str, body: dict):

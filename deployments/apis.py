@@ -82,7 +82,9 @@ RESPONSES_FIELDS = frozenset({
     "service_tier", "prompt_cache_key"})
 MESSAGES_FIELDS = frozenset({
     "model", "messages", "max_tokens", "metadata", "stop_sequences", "stream", "system", "temperature",
-    "tool_choice", "tools", "top_k", "top_p", "thinking"})
+    "tool_choice", "tools", "top_k", "top_p", "thinking", "output_config",
+    # Anthropic's, and meaningless here: caching is automatic, there is one tier.
+    "cache_control", "service_tier"})
 COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system", "thinking", "tool_choice", "tools"})
 
 

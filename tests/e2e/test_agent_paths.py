@@ -24,6 +24,7 @@ from tests.e2e.conftest import KEY_A, KEY_B
 from tests.e2e.test_routing import EVENTS_SETTLE_S
 
 MODEL = "baton-tiny"
+GREEDY = {"temperature": 0}  # the current Anthropic client has no temperature argument; the API takes it
 PATHS = ["chat", "completions", "responses", "messages"]
 
 
@@ -46,7 +47,7 @@ def send(stack, path: str, key: str, text: str, session: str | None = None, max_
     if path == "messages":
         meta = {}  # the session key rides in metadata.user_id, with no header
         r = _anthropic(stack, key).messages.create(
-            model=MODEL, max_tokens=max_tokens, temperature=0, messages=[{"role": "user", "content": text}],
+            model=MODEL, max_tokens=max_tokens, extra_body=GREEDY, messages=[{"role": "user", "content": text}],
             **({"metadata": {"user_id": session}} if session else meta))
         u = r.usage
         return {"prompt": u.input_tokens + (u.cache_read_input_tokens or 0), "completion": u.output_tokens,
@@ -188,19 +189,19 @@ WEATHER = {"name": "get_weather", "description": "Weather in a city", "input_sch
 def test_the_anthropic_client_creates_streams_and_uses_tools(stack):
     client = _anthropic(stack, KEY_A)
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    made = client.messages.create(model=MODEL, max_tokens=8, temperature=0, messages=ask)
+    made = client.messages.create(model=MODEL, max_tokens=8, extra_body=GREEDY, messages=ask)
     assert made.type == "message" and made.role == "assistant" and made.usage.output_tokens > 0
-    with client.messages.stream(model=MODEL, max_tokens=8, temperature=0, messages=ask) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=8, extra_body=GREEDY, messages=ask) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
     assert events[0] == "message_start" and events[-1] == "message_stop", events
     assert "message_delta" in events and final.usage.output_tokens > 0
     assert final.content[0].text == made.content[0].text  # greedy: the same answer either way
-    forced = client.messages.create(model=MODEL, max_tokens=40, temperature=0, messages=ask, tools=[WEATHER],
+    forced = client.messages.create(model=MODEL, max_tokens=40, extra_body=GREEDY, messages=ask, tools=[WEATHER],
                                     tool_choice={"type": "tool", "name": "get_weather"})
     use = next(b for b in forced.content if b.type == "tool_use")
     assert use.name == "get_weather" and use.input["city"] in ("Paris", "Rome", "Oslo"), forced.content
-    after = client.messages.create(model=MODEL, max_tokens=8, temperature=0, tools=[WEATHER], messages=ask + [
+    after = client.messages.create(model=MODEL, max_tokens=8, extra_body=GREEDY, tools=[WEATHER], messages=ask + [
         {"role": "assistant", "content": [b.model_dump() for b in forced.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 21 C"}]}])
     assert after.content and after.usage.input_tokens + (after.usage.cache_read_input_tokens or 0) > \
@@ -233,14 +234,11 @@ def test_engine_routes_baton_does_not_serve_are_404s(stack, route):
 
 def test_langchain_s_forced_tool_call_works_on_the_default_model(stack):
     """A client Baton did not write: LangChain's `bind_tools` with a forced tool, plainly asked."""
-    from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    @tool
-    def get_weather(city: str) -> str:
-        """Weather in a city."""
-        return "sunny"
-
+    get_weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                                    "parameters": {"type": "object", "required": ["city"],
+                                                                   "properties": {"city": {"type": "string"}}}}}
     llm = ChatOpenAI(base_url=f"{stack.url}/v1", api_key=KEY_A, model=MODEL, temperature=0, max_tokens=40,
                      max_retries=0, timeout=120)
     msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
