@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 
 P = "baton:response:"
-COMPLETED = b'"type":"response.completed"'
+# The stream events that carry a finished response: done, or cut at max_output_tokens (still chainable).
+FINISHED = (b'"type":"response.completed"', b'"type":"response.incomplete"')
+KEPT_STATUSES = ("completed", "incomplete")
 
 
 def _key(tenant: str, response_id: str) -> str:
@@ -72,7 +74,8 @@ class ResponseStore:
 
 class ResponseCapture:
     """The `send` of one Responses request: passes everything on, and keeps the final response
-    object (a JSON answer's body, or a stream's `response.completed` event) in `response`."""
+    object (a JSON answer's body, or a stream's `response.completed` or `.incomplete` event) in
+    `response`."""
 
     def __init__(self, send):
         self.send = send
@@ -98,7 +101,7 @@ class ResponseCapture:
         events = (self.pending + chunk).split(b"\n\n")
         self.pending = events.pop()
         for event in events:
-            if COMPLETED in event:
+            if any(marker in event for marker in FINISHED):
                 data = next((line[6:] for line in event.split(b"\n") if line.startswith(b"data: ")), b"")
                 obj = _loads(data)
                 self.response = obj.get("response") if isinstance(obj, dict) else None

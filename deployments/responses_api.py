@@ -15,7 +15,7 @@ import uuid
 import redis
 
 from deployments.bodies import respond
-from deployments.response_store import ResponseStore, chained
+from deployments.response_store import KEPT_STATUSES, ResponseStore, chained
 from deployments.schemas import APIError
 
 
@@ -49,9 +49,10 @@ class ResponsesAPI:
         return session or previous["session"]
 
     async def keep(self, tenant: str, response, turn: list, session: str) -> bool:
-        """Stores a completed `response` (as its client received it) with the input `turn` that
-        led to it; best effort, the answer is already sent. Whether it was stored."""
-        if not isinstance(response, dict) or response.get("status") != "completed" or "id" not in response:
+        """Stores a finished `response` (as its client received it; one cut at max_output_tokens
+        too, as OpenAI keeps those) with the input `turn` that led to it; best effort, the answer
+        is already sent. Whether it was stored."""
+        if not isinstance(response, dict) or response.get("status") not in KEPT_STATUSES or "id" not in response:
             return False
         response["store"] = True  # the engine's own store is off; Baton's kept it
         try:
