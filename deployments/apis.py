@@ -153,3 +153,48 @@ def session_of(api: Api, header_value: str | None, body: dict) -> str | None:
         user = (body.get("metadata") or {}).get("user_id")
         return str(user) if user else None
     return None
+
+
+ANTHROPIC_ERROR_SCHEMA = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                                         "properties": {"type": {"type": "string"},
+                                                                        "message": {"type": "string"}}}}}
+
+
+def _operation(kind: str, allowed: frozenset, answer: list[str], shape: str) -> dict:
+    """The OpenAPI operation of a Responses or Messages route: vLLM's request schema cut to the
+    fields the front accepts (what a client may send), and the answers in the API's shape."""
+    schema = request_model(kind).model_json_schema()
+    body = schemas.inline(schema, schema.get("$defs", {}))
+    body["properties"] = {k: v for k, v in body.get("properties", {}).items() if k in allowed}
+    body["required"] = [k for k in body.get("required", []) if k in allowed]
+    body["additionalProperties"] = False
+    op = schemas.openapi_operation(schemas.ChatCompletionRequest)  # the statuses every route answers
+    op["requestBody"]["content"]["application/json"]["schema"] = body
+    op["responses"]["200"]["content"]["application/json"]["schema"] = {"type": "object", "required": answer}
+    if shape == ANTHROPIC:
+        for code, resp in op["responses"].items():
+            if code != "200":
+                resp["content"]["application/json"]["schema"] = ANTHROPIC_ERROR_SCHEMA
+    return {"post": op}
+
+
+def openapi_document() -> dict:
+    """The OpenAPI 3.1 document of the public endpoint: chat and completions (Baton's schemas),
+    Responses and Messages (vLLM's, cut to what the front accepts)."""
+    doc = schemas.openapi_document()
+    responses = _operation("responses", RESPONSES_FIELDS, ["id", "output"], OPENAI)
+    props = responses["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    # OpenAI's item and tool unions are 250 kB of schema; the document names their outline.
+    props["input"] = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"enum": ["user", "assistant", "system", "developer"]},
+                       "content": {"type": "string"}}}}]}
+    props["tools"] = {"type": "array", "items": {"type": "object"}}
+    doc["paths"]["/v1/responses"] = responses
+    doc["paths"]["/v1/messages"] = _operation("messages", MESSAGES_FIELDS, ["id", "content"], ANTHROPIC)
+    count = _operation("count_tokens", COUNT_TOKENS_FIELDS, ["input_tokens"], ANTHROPIC)
+    del count["post"]["responses"]["429"]  # no engine step: never shed
+    doc["paths"]["/v1/messages/count_tokens"] = count
+    return doc

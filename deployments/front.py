@@ -36,7 +36,7 @@ from common import tracing
 from common.config import BatonConfig
 from common.constants import REQUEST_ID_HEADER, SESSION_HEADER
 from common.response import BatonInfo
-from deployments import apis, first_token, relay, schemas
+from deployments import apis, first_token, relay
 from deployments.admission import AsyncAdmission, Shed
 from deployments.api_keys import KeyTable
 from deployments.bodies import check_length, read_body, respond, small_body  # noqa: F401 - respond: re-exported
@@ -89,7 +89,7 @@ class Front:
             if path == "/metrics":
                 return await respond(send, 200, await self.metrics_text(), content_type=b"text/plain")
             if path == "/openapi.json":
-                return await respond(send, 200, schemas.openapi_document())
+                return await respond(send, 200, apis.openapi_document())
             if path == "/baton/site" and self.sites is not None and self.sites.authorised(scope):
                 return await respond(send, 200, self.sites.answer())  # a peer site's probe
             if (path == "/baton/site/policy" and method == "PUT" and self.sites is not None

@@ -172,13 +172,13 @@ def parse(model: type[_Request], body: bytes) -> _Request:
         raise APIError(400, msg, param=loc or None) from None
 
 
-def _inline(node, defs: dict):
+def inline(node, defs: dict):
     if isinstance(node, dict):
         if "$ref" in node:
-            return _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
-        return {k: _inline(v, defs) for k, v in node.items() if k != "$defs"}
+            return inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {k: inline(v, defs) for k, v in node.items() if k != "$defs"}
     if isinstance(node, list):
-        return [_inline(v, defs) for v in node]
+        return [inline(v, defs) for v in node]
     return node
 
 
@@ -197,7 +197,7 @@ def openapi_operation(model: type[BaseModel]) -> dict:
     hides the schema from FastAPI; this puts it back for clients and fuzzers.
     """
     schema = model.model_json_schema()
-    body = _inline(schema, schema.get("$defs", {}))
+    body = inline(schema, schema.get("$defs", {}))
     error = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
     return {
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
