@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import logging
 import time
 import uuid
@@ -168,7 +169,8 @@ class EngineApp:
             inputs = await self.state.openai_serving_completion.render_completion_request(
                 CompletionRequest.model_validate(body))
         else:  # vLLM's own conversion of a Responses or Messages request (deployments/apis.py)
-            request = request_model(kind).model_validate(body)
+            # On a copy: vLLM's validators put their own objects into the dict they check.
+            request = request_model(kind).model_validate(json.loads(json.dumps(body)))
             render = self.state.serving_render
             inputs = await (render.render_responses_request(request) if kind == "responses"
                             else render.render_messages_request(request))

@@ -26,6 +26,7 @@ so no process tokenises them twice. A Responses chain is resolved here
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 
@@ -49,6 +50,7 @@ from deployments.response_store import ResponseCapture, input_items
 from deployments.schemas import APIError
 from routing.spill import SpillChooser
 
+logger = logging.getLogger(__name__)
 _ID_PREFIX = {"chat": "chatcmpl", "text": "cmpl", "messages": "msg"}
 
 
@@ -90,11 +92,11 @@ class Front:
                 return await respond(send, 200, await self.metrics_text(), content_type=b"text/plain")
             if path == "/openapi.json":
                 return await respond(send, 200, apis.openapi_document())
-            if path == "/baton/site" and self.sites is not None and self.sites.authorised(scope):
-                return await respond(send, 200, self.sites.answer())  # a peer site's probe
-            if (path == "/baton/site/policy" and method == "PUT" and self.sites is not None
-                    and self.sites.authorised(scope)):
-                return await respond(send, 200, await self.sites.switch_policy(receive))
+            if path.startswith("/baton/site") and self.sites is not None and self.sites.authorised(scope):
+                if path == "/baton/site":  # a peer site's probe
+                    return await respond(send, 200, self.sites.answer())
+                if path == "/baton/site/policy" and method == "PUT":
+                    return await respond(send, 200, await self.sites.switch_policy(receive))
             if self.batches is not None and path.startswith(("/v1/files", "/v1/batches")):
                 return await self.batches.handle(scope, receive, send, tenant_of(scope, self.cfg.serve, self.keys))
             tenant_of(scope, self.cfg.serve, self.keys)
@@ -112,17 +114,18 @@ class Front:
             await respond(send, exc.status, apis.error_body(exc, apis.shape_of(path)), exc.headers)
         except ConnectionError:
             return
-        except Exception as exc:  # noqa: BLE001 - a bug here must still answer in OpenAI's shape
-            err = APIError(500, f"internal error: {type(exc).__name__}", "server_error")
+        except Exception as exc:  # noqa: BLE001 - a bug here still answers, in its API's shape, and is logged
+            logger.exception("front: %s %s failed", method, path)  # the traceback, never the body
             try:
+                err = APIError(500, f"internal error: {type(exc).__name__}", "server_error")
                 await respond(send, 500, apis.error_body(err, apis.shape_of(path)))
             except Exception:  # noqa: BLE001 - the response had already started
                 pass
 
     async def metrics_text(self) -> bytes:
         """This replica's metrics summed with every other live decode replica's, and the indexer's."""
-        return await pool_metrics(self.metrics, self.replica, await self.peers(), self.http,
-                                  self.routing.redis if self.routing is not None else None)
+        redis_client = self.routing.redis if self.routing is not None else None
+        return await pool_metrics(self.metrics, self.replica, await self.peers(), self.http, redis_client)
 
     def admission_gauges(self) -> None:
         """Sets this front's admission estimates and permit count in its metrics."""
@@ -156,8 +159,7 @@ class Front:
             if done:
                 return
         if not api.generates:  # count_tokens: the template and tokenizer only, no engine step or permit
-            raw = raw if raw is not None else await read_body(receive, limit)
-            self._parse(api, raw)
+            self._parse(api, raw := raw if raw is not None else await read_body(receive, limit))
             return await relay.run_local(self.local, scope, raw, receive, send, [], lambda _timing: None)
         # Admission first: a refused request costs no body read, no parse, no
         # tokenising; a queued one waits with its body unread.
@@ -265,8 +267,7 @@ class Front:
         return route
 
     async def _model_app(self, model: str, scope, permit, tenant: str):
-        """The app of `model` in this replica's catalogue, woken if cold; a 429 with Retry-After (the
-        permit released) when it cannot be loaded before the request's deadline."""
+        """`model`'s app here, woken if cold; a 429 (permit released) if it cannot load by the deadline."""
         try:
             return await self.models.acquire(model, deadline_of(scope) or self.cfg.admission.default_deadline_s)
         except BaseException:
@@ -288,10 +289,9 @@ class Front:
 
     async def _prefill(self, route: Route, ids: list[int], tenant: str, info: BatonInfo,
                        request_id: str, lead: dict | None, stream: relay.EarlyStream) -> None:
-        """Runs the prompt on the prefill replica; on failure decode computes it.
-
-        `lead`: the body of a request that may stream the prefill's token as its
-        first (deployments/first_token.py); the body then becomes decode's part."""
+        """Runs the prompt on the prefill replica; on failure decode computes it. `lead`: the body of
+        a request that may stream the prefill's token as its first (deployments/first_token.py);
+        the body then becomes decode's part."""
         payload = {"prompt_token_ids": ids, "cache_salt": tenant, "request_id": request_id,
                    "lookup": route.prefill_lookup, "trace": tracing.inject()}
         if lead is not None:

@@ -101,5 +101,5 @@ def test_a_responses_batch_runs_its_lines_as_the_responses_api(client):
     out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
     for r in out:
         body = r["response"]["body"]
-        assert body["object"] == "response" and body["status"] == "completed", body
+        assert body["object"] == "response" and body["status"] == "incomplete", body  # cut at max_output_tokens
         assert body["usage"]["output_tokens"] <= 5 and body["output"], body
