@@ -147,9 +147,8 @@ class EngineApp:
 
         Raises ValueError with vLLM's message when the request is invalid.
         """
-        from vllm.exceptions import VLLMClientError
-
         from pydantic import ValidationError
+        from vllm.exceptions import VLLMClientError
 
         try:
             return await self._render(kind, body)

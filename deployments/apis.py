@@ -102,8 +102,9 @@ def error_body(exc: APIError, shape: str) -> dict:
 
 
 def shape_of(path: str) -> str:
-    """The error shape of the API at `path` (Anthropic's for /v1/messages*)."""
-    return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
+    """The error shape of the API at `path` (OpenAI's for any other path)."""
+    api = APIS.get(path)
+    return api.shape if api is not None else OPENAI
 
 
 def _strict_vllm(kind: str, raw: bytes, allowed: frozenset) -> dict:
