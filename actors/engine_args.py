@@ -39,7 +39,8 @@ def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None, 
         "max_model_len": cfg.model.max_model_len,
         "enable_prefix_caching": True,
         "enforce_eager": True,
-        "disable_log_stats": False,  # vLLM's engine series on /metrics, as `vllm serve` has them
+        # vLLM's engine series on /metrics, as `vllm serve` has them (serve.engine_metrics)
+        "disable_log_stats": not (gpu if cfg.serve.engine_metrics is None else cfg.serve.engine_metrics),
         # A grammar that allows free whitespace lets a peaked small model pad a forced tool
         # call's arguments with it until max_tokens; JSON without it is still JSON.
         "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
@@ -49,7 +50,8 @@ def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None, 
         # node's memory is free, which fails with several engines per node.
         kwargs["kv_cache_memory_bytes"] = int(pool.kv_cache_gb * 2**30)
     if pool.speculation is not None and role != "prefill":  # prefill computes one token: nothing to speculate
-        kwargs["speculative_config"] = pool.speculation.vllm(gpu)  # acceptance counts come with the stats
+        kwargs["speculative_config"] = pool.speculation.vllm(gpu)
+        kwargs["disable_log_stats"] = False  # the acceptance counts come with the engine's stats
     if step_tokens:
         kwargs["max_num_batched_tokens"] = step_tokens
     kwargs.update(pool.engine_args)

@@ -28,7 +28,7 @@ def stack(tmp_path_factory):
         workdir,
         decode={"replicas": 2},
         routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
-        serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}},
+        serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}, "engine_metrics": True},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
     s.start()

@@ -262,7 +262,8 @@ def test_langchain_s_forced_tool_call_works_on_the_default_model(stack):
 
 
 def test_metrics_carry_each_replicas_vllm_engine_series(stack):
-    """A dashboard built for `vllm serve` finds its series, one per decode replica."""
+    """A dashboard built for `vllm serve` finds its series, one per decode replica (the shared stack
+    turns `serve.engine_metrics` on, as GPU engines have it by default)."""
     text = urllib.request.urlopen(f"{stack.url}/metrics", timeout=10).read().decode()
     for series in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total"):
         replicas = set(re.findall(rf'^{series}\{{[^}}]*replica="([^"]+)"', text, re.M))

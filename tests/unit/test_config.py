@@ -97,3 +97,15 @@ def test_a_step_budget_applies_unless_the_pool_sets_one(tmp_path):
     assert "max_num_batched_tokens" not in engine_kwargs(cfg, "colocated")  # vLLM's default
     own = load_config(write(tmp_path, "decode: {engine_args: {max_num_batched_tokens: 1024}}\n"), environ={})
     assert engine_kwargs(own, "decode", 256)["max_num_batched_tokens"] == 1024
+
+
+def test_vllm_engine_series_are_on_with_gpu_engines_and_where_configured():
+    from actors.engine_args import engine_kwargs
+
+    cfg = BatonConfig()
+    assert engine_kwargs(cfg, "decode")["disable_log_stats"] is True  # CPU: off by default
+    assert engine_kwargs(cfg, "decode", gpu=True)["disable_log_stats"] is False
+    on = BatonConfig(serve={"engine_metrics": True})
+    assert engine_kwargs(on, "decode")["disable_log_stats"] is False
+    assert engine_kwargs(on, "decode")["structured_outputs_config"] == {"backend": "xgrammar",
+                                                                       "disable_any_whitespace": True}
