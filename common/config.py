@@ -217,8 +217,8 @@ class ServeConfig(_Strict):
     request_timeout_s: float = Field(300, gt=0, description="hard deadline for one request")
     engine_metrics: bool | None = Field(
         None, description="vLLM's own engine series (`vllm:*`) on /metrics, per replica; null: on with GPU "
-        "engines, off on CPU, where the per-step stats cost about 15% of the tiny model's throughput at "
-        "concurrency 1 (docs/benchmarks.md)")
+        "engines (as `vllm serve` has them), off on CPU engines, whose tiny steps the per-step stats are a "
+        "share of (docs/benchmarks.md, bench serve)")
     require_api_key: bool = Field(
         False, description="answer 401 to requests without a valid API key (on in the ray up YAMLs)"
     )
