@@ -145,7 +145,10 @@ def test_a_dead_site_loses_nothing_and_rejoins_the_map(sites):
     stacks, proxies = sites
     proxies[("a", "b")].close()  # b is gone, as a's fronts see it
     with ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda i: _chat(stacks["a"], f"while b is away {i}", 8), range(4)))
+        # Queued behind a's one permit, with a deadline they can meet however slow the machine
+        # (admission refuses at once a request its estimate says would miss the default one).
+        answers = list(pool.map(lambda i: _chat(stacks["a"], f"while b is away {i}", 8,
+                                                **{"x-baton-deadline-s": "120"}), range(4)))
     assert [r.status_code for r in answers] == [200] * 4  # queued here: none sent to b, none lost
     assert not any(r.headers.get("x-baton-site") for r in answers)
     _wait_map(stacks["a"], "b", present=False, timeout_s=TTL_S + 10)
