@@ -46,7 +46,6 @@ APIS = {a.path: a for a in (
     Api("messages", "/v1/messages", ANTHROPIC),
     Api("count_tokens", "/v1/messages/count_tokens", ANTHROPIC, generates=False),
 )}
-GENERATING_PATHS = tuple(p for p, a in APIS.items() if a.generates)
 
 # Every route vLLM's app mounts, and what the front does with it:
 # pipeline (APIS), front (answered by the front itself), local (passed to the app: no

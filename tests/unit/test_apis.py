@@ -41,8 +41,11 @@ def test_every_route_vllm_mounts_is_classified():
 
 
 def test_the_pipeline_serves_the_generating_apis_and_passes_on_nothing_that_generates():
-    assert set(apis.GENERATING_PATHS) == {"/v1/chat/completions", "/v1/completions", "/v1/responses",
-                                          "/v1/messages"}
+    """The front's generating APIs are exactly the paths whose answers the Finisher bills, with the
+    same kinds (actors/finisher.py FINISHED_PATHS keeps its own table: actors sits below deployments)."""
+    from actors.finisher import FINISHED_PATHS
+
+    assert {p: a.kind for p, a in apis.APIS.items() if a.generates} == FINISHED_PATHS
     assert apis.LOCAL_ROUTES == {"/v1/models", "/tokenize", "/detokenize", "/version"}
 
 
