@@ -1,0 +1,6 @@
+"""The modelled GPU: a vLLM executor whose forward pass sleeps a profiled time.
+
+- `profile`: a GPU's step times for one model (pure), and the shipped profiles in `profiles/`;
+- `sequences`: which tokens each step computes and what it samples (pure);
+- `timed_executor`: the vLLM `Executor` that runs both under vLLM's own scheduler.
+"""
