@@ -63,6 +63,7 @@ def frontend_args(cfg: BatonConfig):
         enable_prompt_tokens_details=True,  # cached_tokens is always reported
         disable_uvicorn_access_log=True,
         disable_fastapi_docs=False,
+        enable_per_request_metrics=cfg.serve.request_metrics,
     )
 
 

@@ -96,9 +96,10 @@ def _signal_group(pgid: int, signum: int) -> None:
 class VllmServe(_Peer):
     """`vllm serve` on Baton's model and engine settings."""
 
-    def __init__(self, cfg: BatonConfig, log: Path, timeout_s: float = 600):
+    def __init__(self, cfg: BatonConfig, log: Path, timeout_s: float = 600, extra: list[str] | None = None):
+        """`extra`: more `vllm serve` arguments (the timed executor's, say)."""
         port = free_ports(1)[0]
-        super().__init__(vllm_serve_argv(cfg, port), port, log, timeout_s=timeout_s)
+        super().__init__(vllm_serve_argv(cfg, port) + list(extra or ()), port, log, timeout_s=timeout_s)
 
 
 class RayServeLLM(_Peer):
@@ -106,9 +107,11 @@ class RayServeLLM(_Peer):
 
     ready_path = "/v1/models"
 
-    def __init__(self, log: Path, fast: bool, timeout_s: float = 600):
+    def __init__(self, log: Path, fast: bool, timeout_s: float = 600, engine: dict | None = None):
+        """`engine`: engine keyword arguments over the ones Baton's config gives (the timed executor's, say)."""
         from bench.ray_serve_llm import env_for
 
         port = free_ports(1)[0]
         argv = [sys.executable, "-m", "bench.ray_serve_llm", "--port", str(port)] + (["--fast"] if fast else [])
+        argv += ["--engine-json", json.dumps(engine)] if engine else []
         super().__init__(argv, port, log, env_for(fast), timeout_s)

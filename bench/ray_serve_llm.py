@@ -14,6 +14,7 @@ process's environment (see `env_for`).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -27,7 +28,8 @@ def env_for(fast: bool) -> dict[str, str]:
     return dict(FAST_ENV) if fast else {}
 
 
-def llm_config(cfg):
+def llm_config(cfg, engine: dict | None = None):
+    """Ray Serve LLM's config for Baton's model; `engine` overrides engine keyword arguments."""
     from ray.serve.llm import LLMConfig
 
     return LLMConfig(
@@ -35,7 +37,7 @@ def llm_config(cfg):
         engine_kwargs={"dtype": cfg.model.dtype, "block_size": cfg.model.block_size,
                        "max_model_len": cfg.model.max_model_len, "enforce_eager": True,
                        "kv_cache_memory_bytes": int((cfg.decode.kv_cache_gb or 1) * 2**30),
-                       "enable_prefix_caching": True},
+                       "enable_prefix_caching": True, **(engine or {})},
         placement_group_config={"bundles": [{"CPU": 1}]},
         deployment_config={"num_replicas": 1},
     )
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ray_serve_llm")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--fast", action="store_true", help="HAProxy + direct streaming + throughput-optimized")
+    p.add_argument("--engine-json", default="{}", help="engine keyword arguments over Baton's (JSON)")
     args = p.parse_args(argv)
     import ray
     from ray import serve
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # each ask for one, more than this 2-core machine has.
     ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(build_openai_app({"llm_configs": [llm_config(cfg)]}), blocking=False)
+    serve.run(build_openai_app({"llm_configs": [llm_config(cfg, json.loads(args.engine_json))]}), blocking=False)
     print("RAY_SERVE_LLM_READY", flush=True)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))

@@ -157,15 +157,16 @@ def cmd_secrets(args) -> int:
 
 
 BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites", "autoscale",
-           "spec")
+           "spec", "scale")
 
 
 def cmd_bench(args) -> int:
-    from bench import affinity, autoscale, kv, load, models, overload, reject, router, serve, sites, spec, ttft
+    from bench import (affinity, autoscale, kv, load, models, overload, reject, router, scale, serve, sites, spec,
+                       ttft)
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
                "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites,
-               "autoscale": autoscale, "spec": spec}
+               "autoscale": autoscale, "spec": spec, "scale": scale}
     interrupt_on_sigterm()
     return modules[args.what].main(args.extra)
 

@@ -1,0 +1,30 @@
+"""Pure helpers of bench/scale_control.py: the engines' event rate and the latency summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.sim.profile import GpuProfile
+from bench.scale_control import engine_rates, summary
+
+
+def test_engine_rates_follow_the_profile():
+    p = GpuProfile.load()
+    r = engine_rates(p)
+    # A full-prefill H100 stores ~2,500 blocks/s; a chat load at 70% stores a fraction of it.
+    assert 2000 < r["full_prefill_blocks_per_s"] < 3000
+    assert 0 < r["blocks_per_s"] < 0.7 * r["full_prefill_blocks_per_s"]
+    assert r["step_ms"] == pytest.approx(1000 * (p.decode_s(64, 4096) + p.step_overhead_s), rel=1e-3)
+
+
+def test_engine_rates_scale_with_busy_share():
+    p = GpuProfile.load()
+    half, full = engine_rates(p, busy=0.35), engine_rates(p, busy=0.7)
+    assert full["blocks_per_s"] == pytest.approx(2 * half["blocks_per_s"], rel=1e-2)
+
+
+def test_summary_in_ms():
+    s = summary([1_000_000] * 99 + [10_000_000])
+    assert s["n"] == 100 and s["p50_ms"] == 1.0 and s["max_ms"] == 10.0
+    assert 1.0 < s["p99_ms"] <= 10.0
+    assert summary([]) == {"n": 0}
