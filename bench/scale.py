@@ -247,6 +247,7 @@ def agentic(args) -> dict:
     model = str(load_config(None, environ={}).model.resolved_path())
     fleets = [int(n) for n in args.fleet.split(",")]
     rates = [float(r) for r in args.session_rate.split(",")]
+    thinks = [float(t) for t in args.think_s.split(",")]
     doc: dict = {"engine": {"profile": args.profile}, "part": "agentic", "runs": []}
     t0 = time.monotonic()
 
@@ -254,9 +255,9 @@ def agentic(args) -> dict:
         print(f"  [{time.monotonic() - t0:6.0f}s] {msg}", file=sys.stderr, flush=True)
 
     for r in range(args.rounds):
-        for n, rate in zip(fleets, rates):
+        for n, rate, think in zip(fleets, rates, thinks):
             order = ["baton", "round_robin"] if (r + fleets.index(n)) % 2 == 0 else ["round_robin", "baton"]
-            shape = Shape(session_rate=rate, duration_s=args.duration, seed=r)
+            shape = Shape(session_rate=rate, duration_s=args.duration, think_s=think, seed=r)
             doc["runs"].append({"round": r + 1, "session_rate": rate, "shape": vars(shape),
                                 **compare(n, shape, model, args.profile, order, progress)})
     return doc
@@ -266,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="baton bench scale", description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("front", "agentic", "control"), default="front")
     p.add_argument("--fleet", default="16,64", help="agentic: engine counts, comma-separated")
-    p.add_argument("--session-rate", default="40,160", help="agentic: new sessions per virtual second, per fleet")
+    p.add_argument("--session-rate", default="40,125", help="agentic: new sessions per virtual second, per fleet")
+    p.add_argument("--think-s", default="3,10", help="agentic: mean seconds between a turn's answer and the "
+                   "next turn (tool calls, people), per fleet")
     p.add_argument("--systems", default="vllm_serve,baton")
     p.add_argument("--rates", default="25,50,100,200,400", help="offered requests/s, comma-separated")
     p.add_argument("--duration", type=float, default=15, help="seconds of load per rate")

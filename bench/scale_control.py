@@ -5,21 +5,17 @@ Two figures, each on the real code and a real redis-server (started here, on
 
 1. ``routing``: one routing decision is ``RequestRouting.route`` of
    deployments/request_routing.py, exactly what a front awaits per request:
-   tenant-salted block hashing (``hash_blocks``), the pipelined Redis read
-   (index slice, registry, in-flight counts, queued work, pins), the placement
-   script for a session without a pin, the policy (``BatonPolicy.route``,
-   with ``routing/cost.py``) and the pin writes it queues without waiting.
-   Redis holds ``replicas`` decode replicas (colocated: every replica is also
-   a front) with heartbeat load figures, in-flight and queued-work fields for
-   every (replica, front) pair (a steady state: every front has routed to
-   every replica), ``sessions`` live pinned sessions, and the index of each
-   tenant's system prompt (on every replica) and of the active conversations'
-   histories (on their pinned replica). Half the decisions are a pinned
-   session's next turn, half a new session (placed by the script); prompts are
-   2-8k tokens. ``p50_ms``/``p99_ms`` are over all timed decisions (also per
-   kind); ``redis_cmds_per_decision`` is INFO's total_commands_processed
-   delta over them (commands a Lua script runs count too), and
-   ``round_trips_per_decision`` the awaited ones.
+   tenant-salted block hashing, the pipelined Redis read (pins; the index slice
+   only without the front's own copy of the index, deployments/index_feed.py;
+   the registry and the fronts' counts only when its shared view is stale),
+   the placement script for a session without a pin, the policy and the pin
+   writes it queues without waiting. Redis holds ``replicas`` colocated replicas
+   (each a front) with heartbeats, in-flight and queued-work fields for every
+   (replica, front) pair, ``sessions`` pinned sessions, every tenant's system
+   prompt indexed on every replica and active conversations on their pinned one.
+   Half the decisions are a pinned session's next turn, half a new session.
+   ``redis_cmds_per_decision``: INFO's commands delta (a script's count too).
+   ``with_redis_index``: the same with ``routing.local_index: false``.
 2. ``indexer``: ``engines`` simulated engines publish vLLM KV events through
    vLLM's own ``ZmqEventPublisher`` (one per engine, topic = replica, with a
    replay socket) from a child process, to the real KV indexer
@@ -192,7 +188,7 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
     from deployments.request_routing import RequestRouting
 
     sync = cfg.redis.client()
-    places = [0]
+    places, loaded = [0], [0.0]
 
     async def go() -> tuple[dict, int]:
         client = cfg.redis.client(asynchronous=True)
@@ -203,6 +199,10 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
             places[0] += 1
             return await script(*a, **kw)
         await _decide(routing, items, WARMUP, False)  # warm connections and caches
+        t0 = time.monotonic()
+        while routing.local is not None and routing.local.index is None and time.monotonic() - t0 < 300:
+            await asyncio.sleep(0.05)  # the front's copy of the index loads from Redis (index_feed.py)
+        loaded[0] = time.monotonic() - t0
         routing._place = counted
         before = _commands(sync)
         lat = await _decide(routing, items, decisions, progress, WARMUP)
@@ -212,7 +212,8 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
     lat, cmds = asyncio.run(go())
     both = lat["pinned"] + lat["new"]
     s = summary(both)
-    return {"replicas": len(names), "decisions": len(both),
+    return {"replicas": len(names), "decisions": len(both), "local_index": cfg.routing.local_index,
+            "local_index_load_s": round(loaded[0], 2) if cfg.routing.local_index else None,
             "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "max_ms": s["max_ms"],
             "pinned": summary(lat["pinned"]), "new_session": summary(lat["new"]),
             "redis_cmds_per_decision": round(cmds / len(both), 1),
@@ -229,8 +230,11 @@ def run_routing(cfg: BatonConfig, replicas: int, sessions: int, decisions: int, 
     _log(progress, f"routing: {replicas} replicas, {sessions} pinned sessions registered; indexing prompts")
     pinned, fresh = _seed_prompts(sync, names, sessions, cfg.model.block_size, rng)
     items = [x for pair in zip(pinned, fresh) for x in pair]
-    return {**_measure_routing(cfg, names, items, decisions, progress), "sessions_pinned_at_start": sessions,
-            "index_keys": sync.dbsize()}
+    out = {**_measure_routing(cfg, names, items, decisions, progress), "sessions_pinned_at_start": sessions,
+           "index_keys": sync.dbsize()}
+    redis_cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"local_index": False})})
+    out["with_redis_index"] = _measure_routing(redis_cfg, names, items, max(200, decisions // 10), progress)
+    return out
 
 
 # ---- indexer lag: the publishing child process ----

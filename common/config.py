@@ -221,17 +221,15 @@ class ServeConfig(_Strict):
         "share of (docs/benchmarks.md, bench serve)")
     request_metrics: bool = Field(False, description="answers carry vLLM's per-request timing (`metrics`), as "
                                   "`vllm serve --enable-per-request-metrics`; needs engine_metrics on")
-    require_api_key: bool = Field(
-        False, description="answer 401 to requests without a valid API key (on in the ray up YAMLs)"
-    )
+    require_api_key: bool = Field(False, description="answer 401 to requests without a valid API key (on in the ray "
+                                  "up YAMLs)")
     api_keys: dict[str, str] = Field(
         default_factory=dict,
         description="`sha256:<hex>` hash of an API key -> its tenant (`baton keys hash KEY` prints it); "
         "`baton keys add` keeps keys in Redis instead, added and revoked without a restart",
     )
-    anonymous_tenant: str = Field(
-        "default", min_length=1, description="tenant of requests without a key, when keys are not required"
-    )
+    anonymous_tenant: str = Field("default", min_length=1, description="tenant of requests without a key, when "
+                                  "keys are not required")
     max_body_bytes: int = Field(16 * 2**20, gt=0, description="larger request bodies get a 413")
 
     @field_validator("api_keys")
@@ -264,12 +262,14 @@ class RoutingConfig(_Strict):
         6.0, gt=0, description="a replica whose heartbeat is older than this is treated as dead"
     )
     seed: int = Field(0, description="seed of the policy's power-of-two draws")
-    colocated_router: bool = Field(
-        True, description="colocated with more than one replica (or autoscaling beyond one): each front "
-        "sends a request to the replica whose cache holds its longest prefix (engines publish KV events "
-        "to the KV indexer); false: a request runs where the kernel put its connection, or on a peer "
-        "when that engine is full"
-    )
+    shared_state_ms: float = Field(25, ge=0, description="a front reuses the registry and every front's "
+                                   "in-flight counts for this long, refreshed off the request path; 0: read per request")
+    local_index: bool = Field(True, description="each front keeps the KV index in memory, fed by the indexer "
+                              "through Redis (deployments/index_feed.py); false: read a request's slice from Redis")
+    colocated_router: bool = Field(True, description="colocated with more than one replica (or autoscaling beyond "
+        "one): each front sends a request to the replica whose cache holds its longest prefix (engines publish KV "
+        "events to the KV indexer); false: a request runs where the kernel put its connection, or on a peer when "
+        "that engine is full")
     prefill_first_token: bool = Field(
         True, description="disaggregated: a plain streamed chat request's first token is the one the "
         "prefill engine samples, streamed before the KV moves; decode continues after it "

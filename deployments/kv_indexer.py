@@ -26,12 +26,14 @@ from ray import serve
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
 from deployments.event_replay import replay
+from deployments.index_feed import FeedWriter
 from routing.event_sequence import SequenceTracker, Step, replay_complete
 from routing.event_translator import EventTranslator
 from routing.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
+MAX_DRAIN = 512  # event batches applied per Redis round trip, at most
 SWEEP_S = 1.0
 
 
@@ -45,7 +47,7 @@ class EventLoop:
 
         r = cfg.routing
         self.redis = cfg.redis.client(socket_timeout=5)
-        self.writer = RedisIndex(self.redis)
+        self.writer = FeedWriter(RedisIndex(self.redis))  # Redis, and every front's copy (index_feed.py)
         self.timeout_s = r.replica_timeout_s
         self.translator = EventTranslator(cfg.model.block_size)
         self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
@@ -182,10 +184,24 @@ class EventLoop:
                     self.redis.hset(INDEXER_STATS_KEY, mapping=self.totals())
                     last_sweep = time.monotonic()
                 if self.sock.poll(POLL_MS):
-                    topic, seq, payload = self.sock.recv_multipart()
-                    self._receive(topic.decode(), int.from_bytes(seq, "big"), payload)
+                    self._drain()
             except redis.RedisError:
                 time.sleep(0.5)  # Redis away: events meanwhile are lost, the sweep resyncs dead ones
+
+    def _drain(self) -> None:
+        """Applies the batches waiting on the socket (up to MAX_DRAIN) with one Redis round trip."""
+        import zmq
+
+        self.writer.begin()
+        try:
+            for _ in range(MAX_DRAIN):
+                try:
+                    topic, seq, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._receive(topic.decode(), int.from_bytes(seq, "big"), payload)
+        finally:
+            self.writer.flush()
 
     def totals(self) -> dict[str, int]:
         """Counts over all replicas (what /metrics and `baton status` show); changes nothing."""

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
+from deployments.index_feed import LocalIndex
 from deployments.metrics import IngressMetrics
+from deployments.shared_view import POOLS, SharedView
 from routing import redis_state
 from routing.block_hash import hash_blocks
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.policy import BatonPolicy, PolicyConfig
 from routing.snapshot import IndexSnapshot, pins_view
-
-POOLS = ("decode", "prefill")
 
 
 @dataclass
@@ -121,41 +121,41 @@ class RequestRouting:
         self.metrics = metrics
         self._pending: set[asyncio.Future] = set()
         self._place = redis_client.register_script(_PLACE) if redis_client is not None else None
+        # The index in this front's memory, kept by the indexer's feed (index_feed.py).
+        self.local = LocalIndex(redis_client) if redis_client is not None and cfg.routing.local_index else None
+        self.view = SharedView(self.registry, cfg.routing.shared_state_ms / 1000, self._send,
+                               metrics.write_errors.inc)
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
         return min(blocks * self.bs, (prompt_len - 1) // self.bs * self.bs)
 
     async def _read(self, hashes: tuple[int, ...], session: str | None, now: float) -> _State:
-        """Everything one decision needs, in one pipelined round trip."""
+        """Everything one decision needs, in one pipelined round trip: the index slice, the pins, and
+        the registry with every front's counts when the shared view cannot serve (shared_view.py)."""
         pipe = self.redis.pipeline(transaction=False)
-        redis_state.queue_snapshot(pipe, hashes)
-        for pool in POOLS:
-            pipe.hgetall(redis_state.registry_key(pool))
-        for pool in POOLS:
-            pipe.hgetall(redis_state.inflight_key(pool))
-        for pool in POOLS:
-            pipe.hgetall(redis_state.work_key(pool))
+        local = None
+        if self.local is not None:
+            self.local.start()
+            local = self.local.index
+        if local is None:
+            redis_state.queue_snapshot(pipe, hashes)
+        inline = 0 if self.view.usable(now) else self.view.queue(pipe)
         if session:
             for pool in POOLS:
                 pipe.get(redis_state.pin_key(pool, session))
-        res = await pipe.execute()
-        n, k = 2 * len(hashes), len(POOLS)
-        live = {pool: self.registry.fresh(redis_state.Registry.entries(res[n + i]), now)
-                for i, pool in enumerate(POOLS)}
-        inflight, work = {}, {}
-        for j, (out, key, cast) in enumerate(((inflight, redis_state.inflight_key, int),
-                                              (work, redis_state.work_key, float))):
-            for i, pool in enumerate(POOLS):  # every front is a decode replica
-                out[pool], dead = redis_state.inflight_totals(res[n + (j + 1) * k + i], live["decode"], cast)
-                if dead:
-                    self._send(lambda p, key=key(pool), dead=dead: p.hdel(key, *dead))
+        res = await pipe.execute() if len(pipe) else []
+        n = 2 * len(hashes) if local is None else 0
+        if inline:
+            self.view.take(res[n:n + inline], now)
+        live, inflight, work = self.view.get(self.redis, now)
         pins = {pool: None for pool in POOLS}
         if session:
             for i, pool in enumerate(POOLS):
-                v = res[n + 3 * k + i]
+                v = res[n + inline + i]
                 pins[pool] = v.decode() if isinstance(v, bytes) else v
-        return _State(redis_state.snapshot_from(hashes, res[:n]), live, pins, inflight, work=work)
+        snap = local if local is not None else redis_state.snapshot_from(hashes, res[:n])
+        return _State(snap, live, pins, inflight, work=work)
 
     async def _read_placement(self, state: _State, session: str, now: float) -> None:
         """For each pool where `session` has no live pin (a new session, or its replica left):

@@ -60,6 +60,15 @@ class PrefixIndex(KVIndex):
             else:
                 holders.add(replica)
 
+    def restore_children(self, parent: int, children: Iterable[int]) -> None:
+        """Records `children` as blocks seen after `parent` (up to the fan-out cap), as a copy of
+        another index's fan-out is loaded; changes only `parent`'s fan-out."""
+        known = self._children.setdefault(parent, set())
+        for h in children:
+            if len(known) >= self.fanout_cap:
+                break
+            known.add(h)
+
     def apply_removed(self, replica: str, block_hashes: Iterable[int]) -> None:
         """Record that ``replica`` evicted ``block_hashes``. Unknown hashes are ignored."""
         held = self._held.get(replica)

@@ -30,6 +30,22 @@ INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deploy
 INDEX_EPOCH_KEY = f"{P}indexer:epoch"  # set while Redis holds the index; gone after Redis lost its data
 
 
+# apply_removed's script: KEYS[1] the replica's block set, ARGV[1] the replica, ARGV[2..] block hashes.
+_REMOVE = """
+local replica = ARGV[1]
+for i = 2, #ARGV do
+  local h = ARGV[i]
+  local was = redis.call('SREM', KEYS[1], h)
+  local hk = '""" + P + """idx:h:' .. h
+  redis.call('SREM', hk, replica)
+  if was == 1 and redis.call('EXISTS', hk) == 0 then
+    redis.call('DEL', '""" + P + """idx:c:' .. h)
+  end
+end
+return 0
+"""
+
+
 def _h(h: int) -> str:
     return f"{P}idx:h:{h}"
 
@@ -52,10 +68,35 @@ class RedisIndex(KVIndex):
 
     def __init__(self, client) -> None:
         self.r = client
+        self._batch = None  # an open pipeline while the writer batches (`begin`/`flush`)
+        self._remove = client.register_script(_REMOVE)
+
+    def begin(self) -> None:
+        """Queues every later update in one pipeline until `flush`: the KV indexer applies all the
+        events waiting on its socket in one round trip. Updates take effect in their order."""
+        if self._batch is None:
+            self._batch = self.r.pipeline(transaction=False)
+
+    def flush(self, publish: tuple[str, bytes] | None = None) -> None:
+        """Sends the queued updates (if any) and ends the batch; `publish`: a (channel, message) sent
+        after them in the same round trip (deployments/index_feed.py)."""
+        pipe, self._batch = self._batch, None
+        if pipe is None:
+            if publish:
+                self.r.publish(*publish)
+            return
+        if publish:
+            pipe.publish(*publish)
+        if len(pipe):
+            pipe.execute()
+
+    def _send(self, pipe) -> None:
+        if pipe is not self._batch:
+            pipe.execute()
 
     def apply_stored(self, replica: str, block_hashes: Iterable[int], parent: int | None = None) -> None:
         hashes = list(block_hashes)
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self._batch if self._batch is not None else self.r.pipeline(transaction=False)
         prev = parent
         for h in hashes:
             pipe.sadd(_h(h), replica)
@@ -64,27 +105,28 @@ class RedisIndex(KVIndex):
             prev = h
         if hashes:
             pipe.sadd(_r(replica), *hashes)
-        pipe.execute()
+        self._send(pipe)
 
     def apply_removed(self, replica: str, block_hashes: Iterable[int]) -> None:
+        """One script call: only blocks the replica held count (removing one it never held changes
+        nothing, even where nobody holds it: its recorded fan-out stays); a block nobody holds any
+        more loses its fan-out too, as in PrefixIndex."""
         hashes = list(block_hashes)
         if not hashes:
             return
-        pipe = self.r.pipeline(transaction=False)
-        for h in hashes:
-            pipe.srem(_r(replica), h)
-            pipe.srem(_h(h), replica)
-            pipe.exists(_h(h))
-        res = pipe.execute()
-        # Only blocks the replica held count: removing one it never held changes
-        # nothing, even where nobody holds it (its recorded fan-out stays).
-        orphans = [_c(h) for h, was, left in zip(hashes, res[::3], res[2::3]) if was and not left]
-        if orphans:  # nobody holds them now: their fan-out goes too, as in PrefixIndex
-            self.r.delete(*orphans)
+        pipe = self._batch if self._batch is not None else self.r.pipeline(transaction=False)
+        self._remove(keys=[_r(replica)], args=[replica, *hashes], client=pipe)
+        self._send(pipe)
 
     def apply_cleared(self, replica: str) -> None:
+        if self._batch is not None:  # the replica's set must include what the batch stored
+            self.flush()
+            self.begin()
         self.apply_removed(replica, [int(h) for h in self.r.smembers(_r(replica))])
-        self.r.delete(_r(replica))
+        if self._batch is not None:
+            self._batch.delete(_r(replica))  # after the removal, in the batch's order
+        else:
+            self.r.delete(_r(replica))
 
     def snapshot(self, block_hashes: Sequence[int]) -> IndexSnapshot:
         pipe = self.r.pipeline(transaction=False)

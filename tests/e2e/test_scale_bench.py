@@ -30,7 +30,7 @@ def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
 
 def test_agent_sessions_on_a_simulated_fleet_keep_their_prefixes(tmp_path):
     out = tmp_path / "agentic.json"
-    assert scale.main(["--part", "agentic", "--fleet", "4", "--session-rate", "4", "--duration", "8",
+    assert scale.main(["--part", "agentic", "--fleet", "4", "--session-rate", "4", "--think-s", "2", "--duration", "8",
                        "--rounds", "1", "--out", str(out), "--plot", str(tmp_path / "agentic.png")]) == 0
     (run,) = json.loads(out.read_text())["runs"]
     baton, rr = run["baton"], run["round_robin"]

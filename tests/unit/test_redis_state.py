@@ -83,6 +83,33 @@ def test_random_event_streams_leave_both_backends_answering_alike(clients):
             assert seen[0] == seen[1], (seed, op)
 
 
+def test_a_batched_writer_ends_where_the_event_by_event_one_does(clients):
+    """The KV indexer applies everything waiting on its socket in one pipeline (`begin`/`flush`):
+    the same seeded streams, batched in runs of up to 8 events, leave Redis as the in-memory index."""
+    sync, _ = clients
+    for seed in range(20):
+        sync.flushdb()
+        rng, writer, ref = random.Random(seed), RedisIndex(sync), PrefixIndex()
+        for _ in range(10):
+            writer.begin()
+            for _ in range(rng.randint(1, 8)):
+                replica, k = rng.choice("abc"), rng.random()
+                if k < 0.55:
+                    op = ("apply_stored", replica, rng.sample(range(20), rng.randint(1, 4)),
+                          rng.choice([None, rng.randrange(20)]))
+                elif k < 0.92:
+                    op = ("apply_removed", replica, rng.sample(range(20), rng.randint(0, 3)))
+                else:
+                    op = ("apply_cleared", replica)
+                for index in (writer, ref):
+                    getattr(index, op[0])(*op[1:])
+            writer.flush()
+            query = rng.sample(range(20), 4)
+            assert writer.match(query) == ref.match(query), seed
+            assert [writer.fanout(h) for h in range(20)] == [ref.fanout(h) for h in range(20)], seed
+            assert [writer.num_blocks(r) for r in "abc"] == [ref.num_blocks(r) for r in "abc"], seed
+
+
 def test_policy_runs_unchanged_on_a_snapshot(clients):
     sync, aio = clients
     RedisIndex(sync).apply_stored("warm", [7, 8, 9], None)
@@ -190,6 +217,42 @@ def test_fronts_see_each_others_requests_in_flight(clients):
     assert on_d1 >= 1
     assert seen.decode_replica == "d2"
     assert left == {b"d1 d1": b"0"}  # the dead front's field went at b's read; a's count is back to 0
+
+
+def test_a_front_reuses_its_view_of_the_fronts_counts_and_refreshes_it_beside_requests(clients):
+    """routing.shared_state_ms: within it a decision reads only the index slice and the pins; past
+    it the decision still uses the view it has and a refresh starts beside it; the next one sees it."""
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig.model_validate({"routing": {"policy": "least_loaded", "shared_state_ms": 200,
+                                                  "local_index": False}})
+    for name in ("d1", "d2"):
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+
+    async def scenario(client):
+        front = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        first = await front.route(list(range(64)), "t", None)
+        other = "d2" if first.decode_replica == "d1" else "d1"
+        # another front fills `other` with requests: not seen while the view is young
+        sync.hset(redis_state.inflight_key("decode"), redis_state.inflight_field(other, "d2"), 50)
+        cmds = int(sync.info("stats")["total_commands_processed"])
+        young = await front.route(list(range(64)), "t", None)
+        reads = int(sync.info("stats")["total_commands_processed"]) - cmds - 1  # less the INFO itself
+        await asyncio.sleep(0.25)
+        read_at = front.view._view[0]
+        await front.route(list(range(64)), "t", None)  # decides on the old view, starts the refresh
+        await asyncio.sleep(0.05)
+        refreshed = front.view._view[0] > read_at
+        fresh = [(await front.route(list(range(64)), "t", None)).decode_replica for _ in range(3)]
+        return other, young, reads, refreshed, fresh
+
+    other, young, reads, refreshed, fresh = run(aio, scenario)
+    assert young.decode_replica == other and reads == 4  # the 2 blocks' holders and fan-outs only
+    assert refreshed
+    assert other not in fresh  # 50 in flight there now counts
 
 
 def test_a_request_with_no_live_decode_replica_is_counted(clients):
