@@ -50,6 +50,7 @@ class Shape:
     think_s: float = 3.0
     tenants: int = 8
     seed: int = 0
+    measure_from: float = 0.5  # share of duration_s after which requests count (the fleet fills up first)
 
 
 @dataclass
@@ -166,7 +167,11 @@ class Run:
                 self.translator.cleared(engine)
 
     def summary(self) -> dict:
-        done = [r for r in self.reqs.values() if "ttft" in r]
+        """Over the requests that arrived in the measured window (from `measure_from` of the run to its
+        end), each policy's same requests: all of them got a first token before the fleet stopped."""
+        start = self.shape.measure_from * self.shape.duration_s
+        window = [r for r in self.reqs.values() if start <= r["arrival"] <= self.shape.duration_s]
+        done = [r for r in window if "ttft" in r]
         first = [r["ttft"] for r in done if r["turn"] == 1]
         later = [r["ttft"] for r in done if r["turn"] > 1]
         prompt = sum(r["prompt"] for r in done)
@@ -179,7 +184,7 @@ class Run:
             x = percentile(v, q)
             return None if x is None else round(x * 1000, 2)
 
-        return {"requests": len(done), "turn1_ttft_p50_ms": ms(first, 50), "turn1_ttft_p99_ms": ms(first, 99),
+        return {"requests": len(done), "unanswered": len(window) - len(done), "turn1_ttft_p50_ms": ms(first, 50), "turn1_ttft_p99_ms": ms(first, 99),
                 "later_ttft_p50_ms": ms(later, 50), "later_ttft_p99_ms": ms(later, 99),
                 "cached_share": round(cached / prompt, 4) if prompt else None,
                 "oracle_share": round(oracle / prompt, 4) if prompt else None,
@@ -189,14 +194,18 @@ class Run:
                 "decision_p50_ms": ms(self.decide_s, 50), "decision_p99_ms": ms(self.decide_s, 99)}
 
 
-def run_policy(fleet, policy: str, shape: Shape, profile: str) -> dict:
+def run_policy(fleet, policy: str, shape: Shape, profile: str, progress=None) -> dict:
     """One policy's run of `shape` on a fresh `fleet` (its engines' caches empty, its clock at 0)."""
     prof = GpuProfile.load(profile)
     run = Run(policy, shape, sorted(fleet.engines, key=lambda n: int(n[1:])), prof.block_size,
               prof.prefill_s(0, 2048) / 2048)
     t0 = time.perf_counter()
+    def show(now: float) -> None:
+        if progress:
+            progress(f"{policy}: {now:.1f} virtual s, {len(run.reqs)} requests, {len(run.live)} live sessions")
+
     fleet.run(run.arrivals(), lambda s, now: run.on_arrival(s, now, fleet), run.on_output, run.on_events,
-              until=shape.duration_s * 3)
+              until=shape.duration_s + 30, progress=show)
     out = run.summary()
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     out["virtual_s"] = round(fleet.clock.now, 1)
@@ -214,7 +223,7 @@ def compare(replicas: int, shape: Shape, model: str, profile: str, order: list[s
         fleet = Fleet(replicas, model, profile, max_model_len=MAX_MODEL_LEN,
                       progress=lambda i, n: progress(f"{policy}: engine {i}/{n} built"))
         progress(f"{policy}: running {shape.duration_s:.0f} virtual s of sessions on {replicas} engines")
-        out[policy] = run_policy(fleet, policy, shape, profile)
+        out[policy] = run_policy(fleet, policy, shape, profile, progress)
         progress(f"{policy}: {out[policy]}")
         fleet.shutdown()
         del fleet

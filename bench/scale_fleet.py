@@ -133,12 +133,15 @@ class Fleet:
                 progress(i + 1, n)
 
     def run(self, arrivals: list[tuple[float, object]], on_arrival: Callable, on_output: Callable,
-            on_events: Callable, until: float = float("inf")) -> None:
+            on_events: Callable, until: float = float("inf"), progress: Callable | None = None) -> None:
         """Plays `arrivals` ((time, payload), sorted) and whatever the callbacks add:
         `on_arrival(payload, now)` returns (engine, req_id, prompt, max_tokens, salt) or None;
         `on_output(engine, output, now)` returns more arrivals (a session's next turn) or [];
-        `on_events(engine, events, now)` gets each step's KV events when the step ends."""
-        seq = itertools.count()
+        `on_events(engine, events, now)` gets each step's KV events when the step ends;
+        `progress(now)` is called every 10 s of wall time."""
+        import time
+
+        seq, shown = itertools.count(), time.monotonic()
         heap = [(t, next(seq), "arrive", p) for t, p in arrivals]
         heapq.heapify(heap)
         while heap:
@@ -146,6 +149,9 @@ class Fleet:
             if t > until:
                 break
             self.clock.now = t
+            if progress and time.monotonic() - shown > 10:
+                progress(t)
+                shown = time.monotonic()
             if kind == "arrive":
                 placed = on_arrival(payload, t)
                 if placed is None:

@@ -123,8 +123,9 @@ class RequestRouting:
         self._place = redis_client.register_script(_PLACE) if redis_client is not None else None
         # The index in this front's memory, kept by the indexer's feed (index_feed.py).
         self.local = LocalIndex(redis_client) if redis_client is not None and cfg.routing.local_index else None
-        self.view = SharedView(self.registry, cfg.routing.shared_state_ms / 1000, self._send,
+        self.view = SharedView(redis_client, self.registry, cfg.routing.shared_state_ms / 1000,
                                metrics.write_errors.inc)
+        self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -140,7 +141,7 @@ class RequestRouting:
             local = self.local.index
         if local is None:
             redis_state.queue_snapshot(pipe, hashes)
-        inline = 0 if self.view.usable(now) else self.view.queue(pipe)
+        inline = 0 if self.view.usable(now) else await self.view.queue(pipe, now)
         if session:
             for pool in POOLS:
                 pipe.get(redis_state.pin_key(pool, session))
@@ -263,14 +264,22 @@ class RequestRouting:
         task.add_done_callback(self._written)
 
     def _publish(self, counts: dict[str, str]) -> None:
-        """Writes this front's in-flight count and queued prefill blocks on each (pool, replica)
-        in `counts`."""
-        def queue(pipe) -> None:
-            for pool, replica in counts.items():
-                f = redis_state.inflight_field(replica, self.front)
-                pipe.hset(redis_state.inflight_key(pool), f, self.inflight[pool][replica])
-                pipe.hset(redis_state.work_key(pool), f, round(max(0.0, self.work[pool][replica]), 2))
-        self._send(queue)
+        """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
+        `counts`, and adds the change to the replica's sums, in one transaction (shared_view.py)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for pool, replica in counts.items():
+            f = redis_state.inflight_field(replica, self.front)
+            n, w = self.inflight[pool][replica], round(max(0.0, self.work[pool][replica]), 2)
+            sent_n, sent_w = self._sent.get((pool, replica), (0, 0.0))
+            self._sent[(pool, replica)] = (n, w)
+            for key, value, delta in ((redis_state.inflight_key(pool), n, n - sent_n),
+                                      (redis_state.work_key(pool), w, round(w - sent_w, 2))):
+                pipe.hset(key, f, value)
+                if delta:
+                    pipe.hincrbyfloat(redis_state.sum_key(key), replica, delta)
+        task = asyncio.ensure_future(pipe.execute())
+        self._pending.add(task)
+        task.add_done_callback(self._written)
 
     def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)

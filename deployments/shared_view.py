@@ -2,14 +2,19 @@
 
 Each front writes its own requests in flight and queued prefill blocks per
 replica (`redis_state.inflight_key`, `work_key`: one field per replica and
-front), and reads everyone's to price a replica's load. At 64 replicas that
-is 4,096 fields per pool, too much to read on every request at GPU rates
-(`baton bench scale --part control`). So a front keeps the last read for
-`routing.shared_state_ms` and refreshes it beside the request path; a
-decision reads it inline only when there is no view younger than ten times
-that (a front's first request, or one after a long idle spell). With 0 every
-decision reads it, as before. The front's own counts are always current
-(request_routing takes the larger of its own and the view's).
+front, an absolute count) and, in the same transaction, adds the change to the
+replica's sum (`redis_state.sum_key`). A routing read takes the sums: 64
+fields at 64 replicas, where the fields are 4,096 (`baton bench scale --part
+control`). Every `RECOUNT_S`, and on a front's first read, the view is read
+with `redis_state.RECOUNT` instead, which rebuilds the sums from the fields of
+live fronts and drops a dead front's fields (its requests died with it), so a
+lost increment lasts until the next recount at most.
+
+A front keeps the view for `routing.shared_state_ms` and refreshes it beside
+the request path; a decision reads it inline only when there is no view
+younger than ten times that. With 0 every decision reads it. The front's own
+counts are always current (request_routing takes the larger of its own and
+the view's).
 """
 
 from __future__ import annotations
@@ -20,44 +25,56 @@ import time
 from routing import redis_state
 
 POOLS = ("decode", "prefill")
-_KEYS = (redis_state.registry_key, redis_state.inflight_key, redis_state.work_key)
+RECOUNT_S = 5.0
+_COUNTS = ((redis_state.inflight_key, int), (redis_state.work_key, float))
 
 
 class SharedView:
-    def __init__(self, registry: redis_state.Registry, max_age_s: float, send, on_error):
-        """`send(queue)` runs writes without waiting (dead fronts' fields are dropped through it);
-        `on_error()` counts a refresh that failed."""
+    def __init__(self, redis, registry: redis_state.Registry, max_age_s: float, on_error):
+        """`on_error()` counts a refresh that failed."""
         self.registry, self.max_age_s, self.stale_s = registry, max_age_s, 10 * max_age_s
-        self._send, self._on_error = send, on_error
+        self._recount = redis.register_script(redis_state.RECOUNT) if redis is not None else None
+        self._on_error = on_error
         self._view: tuple | None = None  # (read at, registry entries, in flight, queued work)
+        self._recounted = 0.0
         self._refreshing: asyncio.Future | None = None
 
     def usable(self, now: float) -> bool:
         """Whether a decision at `now` may use the view without reading it inline."""
         return self._view is not None and now - self._view[0] < self.stale_s
 
-    @staticmethod
-    def queue(pipe) -> int:
-        """Adds the view's reads to `pipe`; returns how many replies they take."""
-        for key in _KEYS:
+    async def queue(self, pipe, now: float) -> int:
+        """Adds the view's reads to `pipe` (a recount when one is due); returns how many replies."""
+        full = now - self._recounted >= RECOUNT_S
+        for pool in POOLS:
+            pipe.hgetall(redis_state.registry_key(pool))
+        for key, _ in _COUNTS:
             for pool in POOLS:
-                pipe.hgetall(key(pool))
-        return len(_KEYS) * len(POOLS)
+                if full:
+                    await self._recount(keys=[redis_state.registry_key("decode"), key(pool),
+                                              redis_state.sum_key(key(pool))],
+                                        args=[now, self.registry.timeout_s], client=pipe)
+                else:
+                    pipe.hgetall(redis_state.sum_key(key(pool)))
+        return (1 + len(_COUNTS)) * len(POOLS)
 
     def take(self, res: list, now: float) -> None:
-        """Makes the replies of `queue`, read at `now`, the view. Drops the fields of fronts that are
-        no longer live (a dead front cannot take its counts back)."""
+        """Makes the replies of `queue`, read at `now`, the view."""
         k = len(POOLS)
         entries = {pool: redis_state.Registry.entries(res[i]) for i, pool in enumerate(POOLS)}
-        fronts = self.registry.fresh(entries["decode"], now)  # every front is a decode replica
-        inflight, work = {}, {}
-        for j, (out, key, cast) in enumerate(((inflight, redis_state.inflight_key, int),
-                                              (work, redis_state.work_key, float))):
+        full = isinstance(res[k], list)  # a recount answers a flat list, a sum hash a dict
+        counts = []
+        for j, (_, cast) in enumerate(_COUNTS):
+            per_pool = {}
             for i, pool in enumerate(POOLS):
-                out[pool], dead = redis_state.inflight_totals(res[(j + 1) * k + i], fronts, cast)
-                if dead:
-                    self._send(lambda p, key=key(pool), dead=dead: p.hdel(key, *dead))
-        self._view = (now, entries, inflight, work)
+                raw = res[(j + 1) * k + i]
+                pairs = zip(raw[::2], raw[1::2]) if full else raw.items()
+                per_pool[pool] = {(r.decode() if isinstance(r, bytes) else r): max(0, cast(float(v)))
+                                  for r, v in pairs}
+            counts.append(per_pool)
+        if full:
+            self._recounted = now
+        self._view = (now, entries, *counts)
 
     def get(self, redis, now: float) -> tuple[dict, dict, dict]:
         """(live replicas per pool, in flight per pool and replica, queued work per pool and replica)
@@ -71,9 +88,9 @@ class SharedView:
         """Reads the view again; keeps the old one if Redis fails."""
         try:
             pipe = redis.pipeline(transaction=False)
-            self.queue(pipe)
-            res = await pipe.execute()
-            self.take(res, time.time())
+            now = time.time()
+            await self.queue(pipe, now)
+            self.take(await pipe.execute(), now)
         except Exception:  # noqa: BLE001 - a failed refresh leaves the view as it was
             self._on_error()
         finally:

@@ -44,10 +44,29 @@ def hash_blocks(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    hashes: list[int] = []
     n_full = len(token_ids) // block_size
+    if hash_fn is sha256_block_hash:
+        return _sha256_chain(token_ids, block_size, n_full, salt, parent)
+    hashes: list[int] = []
     for i in range(n_full):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
         parent = hash_fn(parent, block, salt)
         hashes.append(parent)
     return hashes
+
+
+def _sha256_chain(token_ids: Sequence[int], block_size: int, n_full: int, salt: str | None,
+                  parent: int | None) -> list[int]:
+    """`sha256_block_hash` chained over the blocks, the same values, with the tokens packed once
+    (a front hashes every prompt: 300 blocks of an 8k-token prompt per decision)."""
+    packed = struct.pack(f"<{n_full * block_size}q", *token_ids[:n_full * block_size])
+    salt_part = b"S" + (salt.encode("utf-8") if salt is not None else b"-")
+    width = 8 * block_size
+    sha, pack, out = hashlib.sha256, struct.Struct("<Q").pack, []
+    prev = b"P" + (pack(parent) if parent is not None else b"-")
+    for i in range(n_full):
+        digest = sha(prev + salt_part + b"T" + packed[i * width:(i + 1) * width]).digest()
+        h = int.from_bytes(digest[:8], "little")
+        out.append(h)
+        prev = b"P" + digest[:8]
+    return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from routing.block_hash import BlockHashFn, sha256_block_hash
+from routing.block_hash import BlockHashFn, hash_blocks, sha256_block_hash
 
 
 @dataclass
@@ -66,15 +66,12 @@ class EventTranslator:
         if len(token_ids) < len(engine_hashes) * self.block_size:
             return None
         baton_parent, salt = m[parent] if parent is not None else (None, None)
-        out: list[int] = []
-        prev = baton_parent
-        for i, eh in enumerate(engine_hashes):
-            if i == 0 and parent is None:
-                salt = salt_of(extra_keys[0]) if extra_keys else None
-            block = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
-            prev = self.hash_fn(prev, block, salt)
-            m[eh] = (prev, salt)
-            out.append(prev)
+        if parent is None:
+            salt = salt_of(extra_keys[0]) if extra_keys else None
+        n = len(engine_hashes) * self.block_size
+        out = hash_blocks(token_ids[:n], self.block_size, salt, baton_parent, self.hash_fn)
+        for eh, h in zip(engine_hashes, out):
+            m[eh] = (h, salt)
         return Translated(out, baton_parent)
 
     def known(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:

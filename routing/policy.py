@@ -178,7 +178,8 @@ class BatonPolicy:
         if not load:
             raise ValueError("no live replica to route to")
         names = list(load)
-        ok = [n for n in names if n in self._under_bound(load, loads)] or names
+        bound = self._under_bound(load, loads)  # once: per name it made a decision O(replicas^2)
+        ok = [n for n in names if n in bound] or names
 
         match = index.match(request.block_hashes)
         held = {n: match.get(n, 0) for n in names}

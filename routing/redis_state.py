@@ -189,6 +189,43 @@ def placement_key(pool: str) -> str:
     return f"{P}placements:{pool}"
 
 
+def sum_key(counts_key: str) -> str:
+    """The hash of per-replica sums over every live front's fields of `counts_key` (inflight_key or
+    work_key): what a routing read takes, kept by each front's increments and by `RECOUNT`."""
+    return f"{counts_key}:sum"
+
+
+# Rebuilds a sum hash from its fields: KEYS[1] the decode registry (every front is a decode
+# replica), KEYS[2] the fields hash, KEYS[3] its sum hash; ARGV[1] now, ARGV[2] the heartbeat
+# timeout. Drops the fields of fronts whose heartbeat is older (a dead front cannot take its
+# counts back) and returns the sums as a flat [replica, sum, ...] list.
+RECOUNT = """
+local live = {}
+local reg = redis.call('HGETALL', KEYS[1])
+for i = 1, #reg, 2 do
+  local ok, entry = pcall(cjson.decode, reg[i + 1])
+  if ok and tonumber(ARGV[1]) - (tonumber(entry.ts) or 0) <= tonumber(ARGV[2]) then live[reg[i]] = true end
+end
+local sums, out = {}, {}
+local fields = redis.call('HGETALL', KEYS[2])
+for i = 1, #fields, 2 do
+  local replica, front = string.match(fields[i], '^(.-) (.*)$')
+  if replica and live[front] then
+    sums[replica] = (sums[replica] or 0) + math.max(0, tonumber(fields[i + 1]) or 0)
+  else
+    redis.call('HDEL', KEYS[2], fields[i])
+  end
+end
+redis.call('DEL', KEYS[3])
+for replica, v in pairs(sums) do
+  redis.call('HSET', KEYS[3], replica, tostring(v))
+  out[#out + 1] = replica
+  out[#out + 1] = tostring(v)
+end
+return out
+"""
+
+
 def inflight_field(replica: str, front: str) -> str:
     return f"{replica} {front}"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -236,8 +237,11 @@ def test_a_front_reuses_its_view_of_the_fronts_counts_and_refreshes_it_beside_re
         front = RequestRouting(cfg, client, IngressMetrics(), "d1")
         first = await front.route(list(range(64)), "t", None)
         other = "d2" if first.decode_replica == "d1" else "d1"
-        # another front fills `other` with requests: not seen while the view is young
-        sync.hset(redis_state.inflight_key("decode"), redis_state.inflight_field(other, "d2"), 50)
+        # another front fills `other` with requests (its field, and the sum, as _publish writes them):
+        # not seen while the view is young
+        key = redis_state.inflight_key("decode")
+        sync.hset(key, redis_state.inflight_field(other, "d2"), 50)
+        sync.hincrbyfloat(redis_state.sum_key(key), other, 50)
         cmds = int(sync.info("stats")["total_commands_processed"])
         young = await front.route(list(range(64)), "t", None)
         reads = int(sync.info("stats")["total_commands_processed"]) - cmds - 1  # less the INFO itself
@@ -342,3 +346,38 @@ def test_placement_drops_sessions_whose_pins_expired(clients):
 
     assert run(aio, place).decode_replica == "d1"
     assert sync.zrange(redis_state.sessions_key("decode", "d1"), 0, -1) == [b"new"]
+
+
+def test_sums_follow_the_fronts_fields_and_a_recount_repairs_them(clients):
+    """Each front adds its changes to the replicas' sums (what a routing read takes); RECOUNT
+    rebuilds them from live fronts' fields, dropping a dead front's and undoing a lost increment."""
+    from common.config import BatonConfig
+    from deployments.metrics import IngressMetrics
+    from deployments.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
+    for name in ("d1", "d2"):
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    key = redis_state.inflight_key("decode")
+
+    async def scenario(client):
+        a, b = (RequestRouting(cfg, client, IngressMetrics(), f) for f in ("d1", "d2"))
+        routes = [(f, await f.route(list(range(64)), "t", None)) for f in (a, b, a, b, a)]
+        for f, r in routes:
+            f.started(r)
+        f, r = routes[0]
+        f.finished(r)
+        await asyncio.gather(*a._pending, *b._pending)
+
+    run(aio, scenario)
+    fields = {k.decode(): int(v) for k, v in sync.hgetall(key).items()}
+    sums = {k.decode(): float(v) for k, v in sync.hgetall(redis_state.sum_key(key)).items()}
+    want = {r: sum(v for f, v in fields.items() if f.startswith(r + " ")) for r in ("d1", "d2")}
+    assert sums == want and sum(want.values()) == 4
+    sync.hincrbyfloat(redis_state.sum_key(key), "d1", 7)  # an increment that should not be there
+    sync.hset(key, redis_state.inflight_field("d2", "gone"), 9)  # a front with no heartbeat
+    flat = sync.eval(redis_state.RECOUNT, 3, redis_state.registry_key("decode"), key, redis_state.sum_key(key),
+                     time.time(), 6)
+    assert {k.decode(): float(v) for k, v in zip(flat[::2], flat[1::2])} == want
+    assert redis_state.inflight_field("d2", "gone").encode() not in sync.hgetall(key)

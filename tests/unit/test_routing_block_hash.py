@@ -47,3 +47,22 @@ def test_hash_function_is_injected():
 
 def test_hashes_are_64_bit():
     assert all(0 <= h < 2**64 for h in hash_blocks(TOKENS, 2, salt="x"))
+
+
+def test_the_packed_chain_gives_the_per_block_hashes():
+    """hash_blocks packs a prompt's tokens once for the default hash; the values are
+    sha256_block_hash's, block by block, whatever the block size, salt and parent."""
+    import random
+
+    from routing.block_hash import hash_blocks, sha256_block_hash
+
+    rng = random.Random(0)
+    for _ in range(100):
+        tokens = [rng.randrange(0, 200_000) for _ in range(rng.randint(0, 200))]
+        bs, salt = rng.choice([1, 16, 32]), rng.choice([None, "t", "ténant"])
+        parent = rng.choice([None, rng.randrange(2**64)])
+        want, p = [], parent
+        for i in range(len(tokens) // bs):
+            p = sha256_block_hash(p, tuple(tokens[i * bs:(i + 1) * bs]), salt)
+            want.append(p)
+        assert hash_blocks(tokens, bs, salt, parent) == want
