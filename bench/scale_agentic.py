@@ -184,7 +184,8 @@ class Run:
             x = percentile(v, q)
             return None if x is None else round(x * 1000, 2)
 
-        return {"requests": len(done), "unanswered": len(window) - len(done), "turn1_ttft_p50_ms": ms(first, 50), "turn1_ttft_p99_ms": ms(first, 99),
+        return {"requests": len(done), "unanswered": len(window) - len(done),
+                "turn1_ttft_p50_ms": ms(first, 50), "turn1_ttft_p99_ms": ms(first, 99),
                 "later_ttft_p50_ms": ms(later, 50), "later_ttft_p99_ms": ms(later, 99),
                 "cached_share": round(cached / prompt, 4) if prompt else None,
                 "oracle_share": round(oracle / prompt, 4) if prompt else None,

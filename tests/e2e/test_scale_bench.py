@@ -30,11 +30,13 @@ def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
 
 def test_agent_sessions_on_a_simulated_fleet_keep_their_prefixes(tmp_path):
     out = tmp_path / "agentic.json"
-    assert scale.main(["--part", "agentic", "--fleet", "4", "--session-rate", "4", "--think-s", "2", "--duration", "8",
+    assert scale.main(["--part", "agentic", "--fleet", "4", "--session-rate", "4", "--think-s", "2", "--duration", "10",
                        "--rounds", "1", "--out", str(out), "--plot", str(tmp_path / "agentic.png")]) == 0
     (run,) = json.loads(out.read_text())["runs"]
     baton, rr = run["baton"], run["round_robin"]
-    assert baton["requests"] == rr["requests"] > 50  # the same workload under both policies
+    # the same sessions under both policies; later turns' arrivals follow each policy's answers
+    assert baton["requests"] > 40 and abs(baton["requests"] - rr["requests"]) <= 0.1 * rr["requests"]
+    assert baton["unanswered"] == rr["unanswered"] == 0
     assert baton["predicted_exact"] >= 0.99  # the index's prediction is what the engine found cached
     assert baton["cached_vs_oracle"] >= 0.95
     assert baton["cached_share"] > rr["cached_share"]
