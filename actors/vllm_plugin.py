@@ -19,6 +19,11 @@ the same virtualenv (the benchmark's peer) runs unchanged.
 
 - `BATON_FIT_RATES=1`: times the engine's steps (below).
 
+- `BATON_SIM_EXECUTOR=<qualified name>`: every engine this process builds
+  runs that executor (the timed one, actors/sim/), whatever its arguments
+  said. Ray Serve LLM sets `distributed_executor_backend` itself ("mp" on
+  CPU), so `baton bench scale` puts its peer on the simulated engine this way.
+
 It also gives vLLM's EngineCore a `baton_load` utility method (called by
 the replica through `call_utility_async`, so it runs on the engine loop
 between steps): the scheduler's running and waiting requests, its free
@@ -39,6 +44,7 @@ import time
 SPIN_ENV = "BATON_SHM_SPIN_S"
 POLL_MS = 1
 FIT_ENV = "BATON_FIT_RATES"
+SIM_ENV = "BATON_SIM_EXECUTOR"
 MIN_FIT_STEPS = 20  # steps before the engine reports its fitted rates
 
 
@@ -57,6 +63,22 @@ def register() -> None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
         Scheduler.schedule = _kept(Scheduler.schedule)
+    if os.environ.get(SIM_ENV):
+        _force_executor(os.environ[SIM_ENV])
+
+
+def _force_executor(qualname: str) -> None:
+    """Makes `EngineArgs.create_engine_config` use the executor `qualname`."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = getattr(EngineArgs.create_engine_config, "__baton_original__", EngineArgs.create_engine_config)
+
+    def create_engine_config(self, *args, **kwargs):
+        self.distributed_executor_backend = qualname
+        return original(self, *args, **kwargs)
+
+    create_engine_config.__baton_original__ = original
+    EngineArgs.create_engine_config = create_engine_config
 
 
 def _kept(schedule):

@@ -107,6 +107,21 @@ class RayServeLLM(_Peer):
 
     ready_path = "/v1/models"
 
+    def __exit__(self, *exc) -> None:
+        """Stops the peer, then whatever still listens on its port: Ray Serve's HAProxy runs as a
+        daemon outside the peer's process group and outlives it (the next run's peer then fails)."""
+        super().__exit__(*exc)
+        import psutil
+
+        for c in psutil.net_connections("tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == self.port and c.pid:
+                try:
+                    proc = psutil.Process(c.pid)
+                    proc.kill()
+                    proc.wait(10)
+                except psutil.Error:
+                    pass
+
     def __init__(self, log: Path, fast: bool, timeout_s: float = 600, engine: dict | None = None):
         """`engine`: engine keyword arguments over the ones Baton's config gives (the timed executor's, say)."""
         from bench.ray_serve_llm import env_for

@@ -29,8 +29,14 @@ def env_for(fast: bool) -> dict[str, str]:
 
 
 def llm_config(cfg, engine: dict | None = None):
-    """Ray Serve LLM's config for Baton's model; `engine` overrides engine keyword arguments."""
+    """Ray Serve LLM's config for Baton's model; `engine` overrides engine keyword arguments. Ray Serve
+    LLM chooses the executor itself; a `distributed_executor_backend` in `engine` reaches its engines
+    through Baton's vLLM plugin (actors/vllm_plugin.py, BATON_SIM_EXECUTOR)."""
     from ray.serve.llm import LLMConfig
+
+    engine = dict(engine or {})
+    executor = engine.pop("distributed_executor_backend", None)
+    runtime_env = {"env_vars": {"BATON_SIM_EXECUTOR": executor}} if executor else None
 
     return LLMConfig(
         model_loading_config={"model_id": cfg.model.served_name, "model_source": str(cfg.model.resolved_path())},
@@ -40,6 +46,7 @@ def llm_config(cfg, engine: dict | None = None):
                        "enable_prefix_caching": True, **(engine or {})},
         placement_group_config={"bundles": [{"CPU": 1}]},
         deployment_config={"num_replicas": 1},
+        runtime_env=runtime_env,
     )
 
 
