@@ -7,13 +7,16 @@ Keys (prefix `baton:`):
 - `pin:{pool}:{session}` replica id, with the pin TTL
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 - `inflight:{pool}` hash `{replica} {front}` -> requests that front has in flight there
+  (`inflight_work:{pool}` the same for queued prefill blocks); `...:sum` hashes
+  replica -> the live fronts' total (deployments/shared_view.py)
+- `idx:feed` a channel: the index's updates, as the indexer writes them (deployments/index_feed.py)
 - `sessions:{pool}:{replica}` sorted set session -> when it was last routed there
 - `placements:{pool}` counter: one ticket per session placed (fronts take turns by it)
 
 `RedisIndex` is the KVIndex contract (routing/index_api.py) over these keys.
-The KV indexer is the only writer of `idx:*`; a front reads one request's
-slice (`queue_snapshot`, `snapshot_from`) in the same pipeline as the pins
-and the registry, and writes pins with `pin_key`.
+The KV indexer is the only writer of `idx:*`; a front without its own copy of
+the index reads one request's slice (`queue_snapshot`, `snapshot_from`) in the
+same pipeline as the pins, and writes pins with `pin_key`.
 """
 
 from __future__ import annotations
@@ -228,23 +231,6 @@ return out
 
 def inflight_field(replica: str, front: str) -> str:
     return f"{replica} {front}"
-
-
-def inflight_totals(raw: dict, fronts: Iterable[str], cast=int) -> tuple[dict[str, int], list[str]]:
-    """Requests in flight per replica, summed over the live `fronts`, from an HGETALL of
-    `inflight_key`, and the fields of fronts not live (a dead front cannot take its counts
-    back; a live one rewrites its field at its next change, as each field is an absolute count)."""
-    live = set(fronts)
-    totals: dict[str, int] = {}
-    dead: list[str] = []
-    for k, v in raw.items():
-        field = k.decode() if isinstance(k, bytes) else k
-        replica, _, front = field.partition(" ")
-        if front in live:
-            totals[replica] = totals.get(replica, 0) + max(0, cast(v))
-        else:
-            dead.append(field)
-    return totals, dead
 
 
 class Registry:

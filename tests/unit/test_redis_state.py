@@ -181,12 +181,6 @@ def test_registry_drops_stale_heartbeats(clients):
     assert list(live) == ["fresh"] and live["fresh"]["capacity_blocks"] == 10
 
 
-def test_inflight_totals_sum_live_fronts_and_name_dead_ones():
-    raw = {b"d1 f1": b"2", b"d1 f2": b"1", b"p1 f1": b"-1", b"d2 gone": b"5"}
-    totals, dead = redis_state.inflight_totals(raw, ["f1", "f2"])
-    assert totals == {"d1": 3, "p1": 0} and dead == ["d2 gone"]
-
-
 def test_fronts_see_each_others_requests_in_flight(clients):
     """A front places by what every live front has in flight, not only by its own count and
     the engines' heartbeats (up to routing.heartbeat_s old)."""
