@@ -43,9 +43,9 @@ class Shape:
 
     session_rate: float = 20.0
     duration_s: float = 30.0
-    turns: tuple[int, int] = (4, 12)
+    turns: tuple[int, int] = (3, 8)
     system_tokens: int = 2048
-    tool_tokens: tuple[int, int] = (200, 1500)
+    tool_tokens: tuple[int, int] = (100, 600)
     output_tokens: tuple[int, int] = (32, 128)
     think_s: float = 3.0
     tenants: int = 8

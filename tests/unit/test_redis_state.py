@@ -60,6 +60,18 @@ def test_snapshot_matches_the_in_memory_index(clients):
     assert run(aio, lambda c: snapshot(c, query)).match(query) == {"a": 1, "c": 1}
 
 
+def random_op(rng: random.Random, clears=("apply_cleared", "remove_replica"), p=(0.5, 0.85)) -> tuple:
+    """One seeded index update: a store (with or without a parent), a removal (held or not) or a
+    clear, on replica a, b or c of blocks 0-19."""
+    replica, k = rng.choice("abc"), rng.random()
+    if k < p[0]:
+        return ("apply_stored", replica, rng.sample(range(20), rng.randint(1, 4)),
+                rng.choice([None, rng.randrange(20)]))
+    if k < p[1]:
+        return ("apply_removed", replica, rng.sample(range(20), rng.randint(0, 3)))
+    return (rng.choice(clears), replica)
+
+
 def test_random_event_streams_leave_both_backends_answering_alike(clients):
     """Seeded streams of stores, removals (held or not), clears and removals of
     replicas; after each event both backends give the same answers."""
@@ -68,14 +80,7 @@ def test_random_event_streams_leave_both_backends_answering_alike(clients):
         sync.flushdb()
         rng, both = random.Random(seed), (RedisIndex(sync), PrefixIndex())
         for _ in range(40):
-            replica, k = rng.choice("abc"), rng.random()
-            if k < 0.5:
-                op = ("apply_stored", replica, rng.sample(range(20), rng.randint(1, 4)),
-                      rng.choice([None, rng.randrange(20)]))
-            elif k < 0.85:
-                op = ("apply_removed", replica, rng.sample(range(20), rng.randint(0, 3)))
-            else:
-                op = (rng.choice(["apply_cleared", "remove_replica"]), replica)
+            op = random_op(rng)
             for index in both:
                 getattr(index, op[0])(*op[1:])
             query = rng.sample(range(20), 4)
@@ -94,14 +99,7 @@ def test_a_batched_writer_ends_where_the_event_by_event_one_does(clients):
         for _ in range(10):
             writer.begin()
             for _ in range(rng.randint(1, 8)):
-                replica, k = rng.choice("abc"), rng.random()
-                if k < 0.55:
-                    op = ("apply_stored", replica, rng.sample(range(20), rng.randint(1, 4)),
-                          rng.choice([None, rng.randrange(20)]))
-                elif k < 0.92:
-                    op = ("apply_removed", replica, rng.sample(range(20), rng.randint(0, 3)))
-                else:
-                    op = ("apply_cleared", replica)
+                op = random_op(rng, clears=("apply_cleared",), p=(0.55, 0.92))
                 for index in (writer, ref):
                     getattr(index, op[0])(*op[1:])
             writer.flush()
