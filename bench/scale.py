@@ -7,8 +7,10 @@ an H100, from published figures) and sped up by `--speedup`.
 
 `--part front` (default) sends the same open-loop Poisson chat load, at
 rising rates, through each system in turn: `vllm_serve` (vLLM's own server),
-`baton` (colocated, `--replicas` engines behind Baton's fronts) and, when
-named, `ray_serve_llm_fast`. The rounds alternate the order (A B, then B A).
+`baton` (colocated, one engine) and, when named, `ray_serve_llm_fast` and
+`baton_x2`, `baton_x4`... (that many colocated replicas, each a front on its
+own engine, routed: what adding fronts does, and the Redis commands each
+request costs). The rounds alternate the order (A B, then B A).
 Per system and rate it reports goodput (answers within `--slo-ms`), client
 latency p50/p99, what the serving layer added over the engine's own time
 (vLLM's per-request metrics), CPU seconds per request by process role
@@ -62,9 +64,14 @@ def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int) ->
 
 
 @contextmanager
-def started(system: str, workdir: Path, engine: dict, replicas: int, block_size: int):
+def replicas_of(system: str) -> int:
+    """Baton's replica count in a system's name: `baton` 1, `baton_x4` 4."""
+    return int(system.split("_x")[1]) if system.startswith("baton_x") else 1
+
+
+def started(system: str, workdir: Path, engine: dict, block_size: int):
     """(base URL, root PID, Redis client or None) while the system runs; stops it on exit."""
-    cfg_path = baton_config(workdir / system, engine, replicas, block_size)
+    cfg_path = baton_config(workdir / system, engine, replicas_of(system), block_size)
     cfg = load_config(cfg_path, environ={})
     if system == "vllm_serve":
         extra = ["--distributed-executor-backend", EXECUTOR, "--additional-config",
@@ -143,7 +150,7 @@ def sweep(system: str, workdir: Path, args, engine: dict) -> list[dict]:
     t0 = time.monotonic()
     print(f"  starting {system} ...", file=sys.stderr, flush=True)
     rows: list[dict] = []
-    with started(system, workdir, engine, args.replicas, args.block_size) as (url, pid, redis):
+    with started(system, workdir, engine, args.block_size) as (url, pid, redis):
         print(f"  {system} ready after {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
         scale_load.run(url, scale_load.chat_bodies(20, args.words, args.max_tokens, args.model, False, 999), 20)
         best = 0.0
@@ -226,7 +233,7 @@ def front(args) -> dict:
     engine = sim_engine(args.profile, args.speedup)
     systems = args.systems.split(",")
     workdir = bench_workdir("bench-scale")
-    doc: dict = {"engine": {"profile": args.profile, "speedup": args.speedup, "replicas": args.replicas},
+    doc: dict = {"engine": {"profile": args.profile, "speedup": args.speedup},
                  "load": {"words": args.words, "max_tokens": args.max_tokens, "stream": args.stream,
                           "slo_ms": args.slo_ms, "duration_s": args.duration}, "rounds": []}
     for n in range(args.rounds):
@@ -274,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="25,50,100,200,400", help="offered requests/s, comma-separated")
     p.add_argument("--duration", type=float, default=15, help="seconds of load per rate")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--replicas", type=int, default=1, help="Baton's colocated engines")
     p.add_argument("--profile", default="h100_llama31_8b")
     p.add_argument("--speedup", type=float, default=1.0)
     p.add_argument("--block-size", type=int, default=16, help="the profiled GPU's block size")
@@ -293,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rates = [float(r) for r in args.rates.split(",")]
-    if unknown := set(args.systems.split(",")) - set(SYSTEMS):
+    if unknown := {s for s in args.systems.split(",") if s not in SYSTEMS and not s.startswith("baton_x")}:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     doc = agentic(args) if args.part == "agentic" else front(args)
     print(json.dumps(doc))

@@ -17,7 +17,8 @@ Each system gets the same load from vLLM's own benchmark (bench/vllm_load.py):
 400 uniformly random tokens per prompt, 64 output tokens, streamed, at
 concurrency 8 and at concurrency 1, each load with prompts of its own: no
 prompt shares a prefix block with another, so every system computes every
-prompt. The whole sequence runs `--rounds` times (2 by default), so
+prompt. The whole sequence runs `--rounds` times (2 by default), every
+other round in reverse order (A B, then B A), so
 the noise between rounds is visible next to the differences between systems.
 One JSON document goes to stdout (and `--out`); ratios are to `vllm serve`
 and to Ray Serve LLM at its fastest within the same round.
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                  **({"baton_speculation": args.speculation} if args.speculation else {})}
     for n in range(args.rounds):
         print(f"round {n + 1}/{args.rounds}", file=sys.stderr, flush=True)
-        results = {s: measure(s, workdir / f"round{n + 1}", loads, args.speculation) for s in systems}
+        order = systems if n % 2 == 0 else systems[::-1]  # A B, then B A
+        results = {s: measure(s, workdir / f"round{n + 1}", loads, args.speculation) for s in order}
         doc["rounds"].append({"results": results, "vs_vllm_serve": ratios(results, "vllm_serve"),
                               "vs_ray_serve_llm_fast": ratios(results, "ray_serve_llm_fast")})
     text = json.dumps(doc)
