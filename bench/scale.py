@@ -63,12 +63,12 @@ def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int) ->
                         decode={"engine_args": engine, "replicas": replicas})
 
 
-@contextmanager
 def replicas_of(system: str) -> int:
     """Baton's replica count in a system's name: `baton` 1, `baton_x4` 4."""
     return int(system.split("_x")[1]) if system.startswith("baton_x") else 1
 
 
+@contextmanager
 def started(system: str, workdir: Path, engine: dict, block_size: int):
     """(base URL, root PID, Redis client or None) while the system runs; stops it on exit."""
     cfg_path = baton_config(workdir / system, engine, replicas_of(system), block_size)
