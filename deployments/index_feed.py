@@ -132,23 +132,30 @@ class LocalIndex:
         self.resyncs = 0
         self._on_resync = on_resync
         self._task: asyncio.Future | None = None
+        self._stopping = False
 
     def start(self) -> None:
         """Starts following the feed on the running event loop (idempotent)."""
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        """Stops following the feed; call it before the Redis client closes (a subscription whose
+        client closed first can keep the task from ending)."""
+        self._stopping = True  # redis-py's read timeout can swallow a cancellation: the loops check this too
         if self._task is not None:
             self._task.cancel()
+            await asyncio.wait({self._task}, timeout=5)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._follow()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a gap, a restart or Redis away: load again
+                if asyncio.current_task().cancelling():  # stopping: an error on the way out ends it too
+                    raise asyncio.CancelledError from None
                 self.index = None
                 self.resyncs += 1
                 if self._on_resync:
@@ -162,7 +169,7 @@ class LocalIndex:
             index = PrefixIndex()
             await load(self.redis, index)
             self.index, expect = index, None
-            while True:
+            while not self._stopping:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if msg is None or msg.get("type") != "message":
                     continue
@@ -173,4 +180,7 @@ class LocalIndex:
                 expect = (epoch, seq + 1)
         finally:
             self.index = None
-            await pubsub.aclose()
+            try:  # bounded: closing a subscription the client already closed can wait forever
+                await asyncio.wait_for(pubsub.aclose(), 1.0)
+            except Exception:  # noqa: BLE001 - the connection may be gone with the client already
+                pass

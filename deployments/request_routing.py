@@ -126,6 +126,7 @@ class RequestRouting:
         self.view = SharedView(redis_client, self.registry, cfg.routing.shared_state_ms / 1000,
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
+        self._order = asyncio.Lock()
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -265,8 +266,9 @@ class RequestRouting:
 
     def _publish(self, counts: dict[str, str]) -> None:
         """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
-        `counts`, and adds the change to the replica's sums, in one transaction (shared_view.py)."""
-        pipe = self.redis.pipeline(transaction=True)
+        `counts` that changed, and adds the change to the replica's sum (shared_view.py). Not a
+        transaction: a write lost between the two is undone by the next recount."""
+        pipe = self.redis.pipeline(transaction=False)
         for pool, replica in counts.items():
             f = redis_state.inflight_field(replica, self.front)
             n, w = self.inflight[pool][replica], round(max(0.0, self.work[pool][replica]), 2)
@@ -274,12 +276,19 @@ class RequestRouting:
             self._sent[(pool, replica)] = (n, w)
             for key, value, delta in ((redis_state.inflight_key(pool), n, n - sent_n),
                                       (redis_state.work_key(pool), w, round(w - sent_w, 2))):
-                pipe.hset(key, f, value)
                 if delta:
+                    pipe.hset(key, f, value)
                     pipe.hincrbyfloat(redis_state.sum_key(key), replica, delta)
-        task = asyncio.ensure_future(pipe.execute())
-        self._pending.add(task)
-        task.add_done_callback(self._written)
+        if len(pipe):
+            task = asyncio.ensure_future(self._in_order(pipe))
+            self._pending.add(task)
+            task.add_done_callback(self._written)
+
+    async def _in_order(self, pipe) -> None:
+        """Runs count writes one at a time, in the order they were made (asyncio.Lock wakes its
+        waiters first come, first served): an older absolute count never lands after a newer one."""
+        async with self._order:
+            await pipe.execute()
 
     def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)

@@ -169,16 +169,15 @@ class BatonPolicy:
 
         ``placement``: a ticket for placing a session that has no live pin by
         its candidates' ``sessions`` (step 5); None keeps the load draw.
-        Changes: ``pins`` (the request's session is pinned or re-pinned to the
-        choice, TTL refreshed) and the RNG state. Reads ``index``.
-        Raises ValueError when no candidate is alive.
+        Changes: ``pins`` (the request's session is pinned or re-pinned to the choice, TTL
+        refreshed) and the RNG state. Reads ``index``. Raises ValueError when no candidate is alive.
         """
         cfg = self.config
         load = scalar_loads(loads)
         if not load:
             raise ValueError("no live replica to route to")
         names = list(load)
-        bound = self._under_bound(load, loads)  # once: per name it made a decision O(replicas^2)
+        bound = self._under_bound(load, loads)  # once: per candidate it made a decision O(replicas^2)
         ok = [n for n in names if n in bound] or names
 
         match = index.match(request.block_hashes)

@@ -72,7 +72,7 @@ def test_a_front_joining_late_ends_with_the_indexers_index(redis_url, sync, seed
         for i in range(8):
             play(_ops(rng, rng.randint(1, 10)), batched=i % 2 == 0)
         await _until(lambda: local.index is not None and _same(local.index, ref))
-        local.stop()
+        await local.stop()
         await client.aclose()
         return local.resyncs
 
@@ -102,7 +102,7 @@ def test_a_gap_in_the_feed_makes_the_front_load_the_index_again(redis_url, sync)
         sync.publish(CHANNEL, msgspec.msgpack.encode(["another-epoch", 1, []]))  # the indexer restarted
         await _until(lambda: local.resyncs == 2)
         await _until(lambda: local.index is not None and _same(local.index, ref))
-        local.stop()
+        await local.stop()
         await client.aclose()
 
     asyncio.run(scenario())
@@ -137,7 +137,7 @@ def test_a_front_with_the_index_in_memory_predicts_what_one_reading_redis_does(r
                           again.predicted_cached_tokens, int(sync.info("stats")["total_commands_processed"]) - cmds)
             await asyncio.gather(*front._pending)
             if front.local:
-                front.local.stop()
+                await front.local.stop()
         await client.aclose()
         return out
 

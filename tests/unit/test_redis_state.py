@@ -13,9 +13,15 @@ import redis.asyncio
 
 from routing.policy import BatonPolicy
 from routing.prefix_index import PrefixIndex
+from common.config import BatonConfig
 from routing import redis_state
 from routing.redis_state import RedisIndex, Registry
 from routing.snapshot import pins_view
+
+
+# These tests are about the state fronts share in Redis: their fronts read the index slice from Redis
+# too (the front's own copy, routing.local_index, is tests/unit/test_index_feed.py's).
+REDIS_READS = BatonConfig.model_validate({"routing": {"local_index": False}})
 
 
 @pytest.fixture
@@ -26,12 +32,17 @@ def clients(redis_url):
 
 
 def run(url: str, fn):
-    """Runs `fn(async_client)` in a fresh event loop with its own client."""
+    """Runs `fn(async_client)` in a fresh event loop with its own client; stops what the routing
+    left running (its copy of the index follows the feed) before the client goes."""
     async def main():
         client = redis.asyncio.Redis.from_url(url)
         try:
             return await fn(client)
         finally:
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in others:
+                task.cancel()
+            await asyncio.wait(others, timeout=5) if others else None
             await client.aclose()
     return asyncio.run(main())
 
@@ -126,7 +137,7 @@ def test_routing_pins_the_session_in_redis_and_the_pin_expires(clients):
     from deployments.request_routing import RequestRouting
 
     sync, aio = clients
-    cfg = BatonConfig.model_validate({"routing": {"pin_ttl_s": 0.4}})
+    cfg = BatonConfig.model_validate({"routing": {"pin_ttl_s": 0.4, "local_index": False}})
     Registry.beat(sync, "decode", "r1", {"capacity_blocks": 100, "url": "http://127.0.0.1:1"})
 
     async def scenario(client):
@@ -150,7 +161,7 @@ def test_prefill_looks_up_the_store_only_when_the_index_says_it_holds_more(clien
     from routing.block_hash import hash_blocks
 
     sync, aio = clients
-    cfg = BatonConfig()
+    cfg = REDIS_READS
     for pool, name in (("decode", "d1"), ("prefill", "p1")):
         Registry.beat(sync, pool, name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
     prompt = list(range(200))  # 6 full blocks of 32
@@ -187,7 +198,7 @@ def test_fronts_see_each_others_requests_in_flight(clients):
     from deployments.request_routing import RequestRouting
 
     sync, aio = clients
-    cfg = BatonConfig.model_validate({"routing": {"policy": "least_loaded"}})
+    cfg = BatonConfig.model_validate({"routing": {"policy": "least_loaded", "local_index": False}})
     for name in ("d1", "d2"):  # each decode replica is a front too
         Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
     sync.hset(redis_state.inflight_key("decode"), redis_state.inflight_field("d2", "gone"), 9)
@@ -258,7 +269,7 @@ def test_a_request_with_no_live_decode_replica_is_counted(clients):
 
     sync, aio = clients
     metrics = IngressMetrics()
-    route = run(aio, lambda c: RequestRouting(BatonConfig(), c, metrics).route(list(range(50)), "t", None))
+    route = run(aio, lambda c: RequestRouting(REDIS_READS, c, metrics).route(list(range(50)), "t", None))
     assert route.reason == "no_replicas"
     assert 'baton_route_decisions_total{pool="decode",reason="no_replicas"} 1.0' in metrics.render().decode()
 
@@ -272,7 +283,7 @@ def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
     from deployments.request_routing import RequestRouting
 
     sync, aio = clients
-    cfg = BatonConfig()
+    cfg = REDIS_READS
     for name in ("d1", "d2"):
         Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
     Registry.beat(sync, "prefill", "p1", {"capacity_blocks": 100, "url": "http://127.0.0.1:1/p1"})
@@ -323,7 +334,7 @@ def test_placement_drops_sessions_whose_pins_expired(clients):
     from deployments.request_routing import RequestRouting
 
     sync, aio = clients
-    cfg = BatonConfig()
+    cfg = REDIS_READS
     for name in ("d1", "d2"):
         Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
     now = time.time()
