@@ -34,16 +34,18 @@ def llm_config(cfg, engine: dict | None = None):
     through Baton's vLLM plugin (actors/vllm_plugin.py, BATON_SIM_EXECUTOR)."""
     from ray.serve.llm import LLMConfig
 
+    from actors.vllm_plugin import SIM_ENV
+
     engine = dict(engine or {})
     executor = engine.pop("distributed_executor_backend", None)
-    runtime_env = {"env_vars": {"BATON_SIM_EXECUTOR": executor}} if executor else None
+    runtime_env = {"env_vars": {SIM_ENV: executor}} if executor else None
 
     return LLMConfig(
         model_loading_config={"model_id": cfg.model.served_name, "model_source": str(cfg.model.resolved_path())},
         engine_kwargs={"dtype": cfg.model.dtype, "block_size": cfg.model.block_size,
                        "max_model_len": cfg.model.max_model_len, "enforce_eager": True,
                        "kv_cache_memory_bytes": int((cfg.decode.kv_cache_gb or 1) * 2**30),
-                       "enable_prefix_caching": True, **(engine or {})},
+                       "enable_prefix_caching": True, **engine},
         placement_group_config={"bundles": [{"CPU": 1}]},
         deployment_config={"num_replicas": 1},
         runtime_env=runtime_env,

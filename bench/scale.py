@@ -36,13 +36,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from actors.sim import EXECUTOR
 from bench import scale_load
+from bench.report import emit
 from bench.peers import RayServeLLM, VllmServe
 from bench.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
 
 SYSTEMS = ("vllm_serve", "baton", "ray_serve_llm_fast")
-EXECUTOR = "actors.sim.timed_executor.TimedExecutor"
 
 
 def sim_engine(profile: str, speedup: float) -> dict:
@@ -302,12 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := {s for s in args.systems.split(",") if s not in SYSTEMS and not s.startswith("baton_x")}:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     doc = agentic(args) if args.part == "agentic" else front(args)
-    print(json.dumps(doc))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1))
-    if args.plot:
-        plot(doc, args.plot)
+    emit(doc, args.out, args.plot, plot)
     return 0
 
 

@@ -20,7 +20,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-EXECUTOR = "actors.sim.timed_executor.TimedExecutor"
+from actors.sim import EXECUTOR
+
 
 
 @dataclass
@@ -106,16 +107,15 @@ class Engine:
         return [ev for b in batches for ev in b.events]
 
     def load(self) -> dict:
-        """The scheduler's load, as the replica's heartbeat reports it (actors/vllm_plugin.baton_load)."""
+        """The scheduler's load as the replica's heartbeat reports it (actors/vllm_plugin.baton_load), and
+        the prompt tokens still to compute: what a front's count of queued work stands for (its oldest_wait_s
+        is in wall time against virtual arrivals: the fleet's callers do not read it)."""
+        from actors.vllm_plugin import baton_load
+
         sched = self.core.scheduler
-        pool = sched.kv_cache_manager.block_pool
-        waiting = list(sched.waiting)
-        queued = sum(r.num_prompt_tokens - r.num_computed_tokens for r in (*waiting, *sched.running)
+        queued = sum(r.num_prompt_tokens - r.num_computed_tokens for r in (*sched.waiting, *sched.running)
                      if r.num_computed_tokens < r.num_prompt_tokens)
-        free = pool.get_num_free_blocks()
-        return {"running": len(sched.running), "waiting": len(waiting), "kv_free_blocks": free,
-                "kv_blocks": pool.num_gpu_blocks, "queued_prefill_tokens": queued,
-                "kv_empty_blocks": max(0, free - len(pool.cached_block_hash_to_block._cache))}
+        return {**baton_load(self.core), "queued_prefill_tokens": queued}
 
     def has_work(self) -> bool:
         return self.core.scheduler.has_requests()

@@ -27,7 +27,6 @@ and to Ray Serve LLM at its fastest within the same round.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from bench import vllm_load
 from bench.peers import RayServeLLM, VllmServe
+from bench.report import emit
 from bench.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
 
@@ -138,12 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {s: measure(s, workdir / f"round{n + 1}", loads, args.speculation) for s in order}
         doc["rounds"].append({"results": results, "vs_vllm_serve": ratios(results, "vllm_serve"),
                               "vs_ray_serve_llm_fast": ratios(results, "ray_serve_llm_fast")})
-    text = json.dumps(doc)
-    print(text)
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=1))
-    if args.plot:
-        plot(doc, args.plot)
+    emit(doc, args.out, args.plot, plot)
     return 0
 
 

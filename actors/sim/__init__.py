@@ -4,3 +4,5 @@
 - `sequences`: which tokens each step computes and what it samples (pure);
 - `timed_executor`: the vLLM `Executor` that runs both under vLLM's own scheduler.
 """
+
+EXECUTOR = "actors.sim.timed_executor.TimedExecutor"  # its qualified name, for `distributed_executor_backend`

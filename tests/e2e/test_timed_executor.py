@@ -68,7 +68,7 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_answers_the_same(llm):
     from vllm import SamplingParams
 
     prompt = list(range(200, 300))
-    a, b = llm.generate([{"prompt_token_ids": prompt}] * 1, SamplingParams(max_tokens=5))[0], None
+    a = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=5))[0]
     b = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=5))[0]
     assert b.num_cached_tokens == 96  # every full block of the 100-token prompt
     assert a.outputs[0].token_ids == b.outputs[0].token_ids  # seeded by the prompt
