@@ -87,7 +87,7 @@ def test_baton_load_reports_empty_blocks_and_the_fitted_rates():
     out = vllm_plugin.baton_load(core)
     assert (out["kv_blocks"], out["kv_free_blocks"], out["kv_empty_blocks"]) == (64, 63, 63)  # one null block
     assert "prefill_s_per_token" not in out
-    core._baton_fit = fit = StepFit()
+    core._baton_fit = fit = StepFit(warmup=0)
     for i in range(vllm_plugin.MIN_FIT_STEPS):
         fit.observe(0.01 + 0.002 * (100 + i), 100 + i)
     out = vllm_plugin.baton_load(core)
