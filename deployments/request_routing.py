@@ -32,6 +32,7 @@ from routing import redis_state
 from routing.block_hash import hash_blocks
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.policy import BatonPolicy, PolicyConfig
+from routing.rates import median_rate
 from routing.snapshot import IndexSnapshot, pins_view
 
 
@@ -191,6 +192,7 @@ class RequestRouting:
             return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
         bs = self.bs
         store_rate = self._store_rate(state)
+        pool_rate = median_rate(live.values(), "prefill_s_per_token") * bs  # routing/rates.py
         # Nothing waits where no front has a request in flight: a beat that still shows one waiting
         # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
         running = {n: self._load(pool, n, state) for n in names}
@@ -200,7 +202,7 @@ class RequestRouting:
                                 oldest_wait_s=self._wait(live[n], now) if running[n] else 0.0,
                                 sessions=state.sessions.get(pool, {}).get(n, 0),
                                 queued_prefill_blocks=max(self.work[pool][n], state.work.get(pool, {}).get(n, 0.0)),
-                                prefill_s_per_block=float(live[n].get("prefill_s_per_token") or 0.0) * bs,
+                                prefill_s_per_block=pool_rate,
                                 load_s_per_block=float(live[n].get("load_s_per_token") or store_rate) * bs)
                  for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)

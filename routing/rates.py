@@ -90,6 +90,21 @@ class StepFit:
         return StepRates(max(0.0, compute) / 1000.0, max(0.0, load) / 1000.0, max(0.0, base), self.steps)
 
 
+def median_rate(engines, field: str) -> float:
+    """The median of `field` over the engines (heartbeat dicts) that report it; 0 when none does.
+
+    Routing prices every candidate of a pool at its median prefill rate (request_routing.py): a
+    pool is one model on one GPU type, and one engine's fit after a few dozen steps, mostly
+    decode, is noise (two identical CPU engines measured 0.06 and 0.31 ms per token, and the
+    pinned one's five-fold "slowness" moved a session off its prefix). An engine that is slower
+    for real shows it where it counts: in its queue and its oldest wait."""
+    rates = sorted(float(e[field]) for e in engines if e.get(field))
+    if not rates:
+        return 0.0
+    mid = len(rates) // 2
+    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+
+
 def _solve(a: list[list[float]]) -> list[float] | None:
     """Gauss-Jordan with partial pivoting on an augmented n x (n+1) matrix; None if singular."""
     n = len(a)

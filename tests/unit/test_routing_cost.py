@@ -146,3 +146,12 @@ def test_the_step_fit_leaves_out_the_engines_warm_up_step():
 
     assert fitted(warmup=0) > 1e-3
     assert fitted(warmup=1) < 1e-4
+
+
+def test_a_pool_is_priced_at_its_engines_median_rate():
+    from routing.rates import median_rate
+
+    beats = [{"prefill_s_per_token": 0.00031}, {"prefill_s_per_token": 0.00006}, {}, {"prefill_s_per_token": None}]
+    assert median_rate(beats, "prefill_s_per_token") == pytest.approx((0.00031 + 0.00006) / 2)
+    assert median_rate(beats + [{"prefill_s_per_token": 0.0001}], "prefill_s_per_token") == 0.0001
+    assert median_rate([{}], "prefill_s_per_token") == 0.0
