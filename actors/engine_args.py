@@ -132,6 +132,19 @@ def validate(cfg: BatonConfig, source: str) -> None:
                 raise ConfigError(f"invalid config in {source}:\n  {field}: {why}")
 
 
+def seqs_limit(vllm_config) -> int | None:
+    """The engine's max_num_seqs where admission should admit up to it: on a GPU, or on the timed
+    executor (actors/sim: the profiled GPU's); None for a CPU engine (common/config_admission.py)."""
+    from vllm.platforms import current_platform
+
+    from actors.sim.timed_executor import profiled_seqs
+
+    timed = profiled_seqs(vllm_config)
+    if timed is not None:
+        return timed
+    return vllm_config.scheduler_config.max_num_seqs if current_platform.is_cuda() else None
+
+
 def build(cfg: BatonConfig, role: Role, topic: str | None = None, replay_endpoint: str | None = None):
     """A vLLM AsyncEngineArgs for `role`.
 

@@ -143,6 +143,11 @@ class EngineApp:
     def capacity_blocks(self) -> int:
         return self.engine.vllm_config.cache_config.num_gpu_blocks or 0
 
+    @property
+    def seqs_limit(self) -> int | None:
+        """What admission may follow of this engine's max_num_seqs (engine_args.seqs_limit)."""
+        return engine_args.seqs_limit(self.engine.vllm_config)
+
     async def _engine_input(self, kind: str, body: dict):
         """The engine input vLLM's serving layer would build for `body`.
 

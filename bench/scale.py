@@ -53,14 +53,10 @@ def sim_engine(profile: str, speedup: float) -> dict:
 
 
 def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int) -> Path:
-    """Colocated Baton on `replicas` simulated engines, each admitting as many requests at once as the
-    profiled GPU schedules (admission's default, 16, is sized for CPU engines)."""
-    from actors.sim.profile import GpuProfile
-
-    seqs = GpuProfile.load(engine["additional_config"]["baton_sim"]["profile"]).max_num_seqs
+    """Colocated Baton on `replicas` simulated engines. Each admits as many requests at once as the
+    profiled GPU schedules: admission's default on the timed executor (common/config_admission.py)."""
     return write_config(workdir, colocated=True, tracing={"exporter": "none"}, model={"block_size": block_size},
                         serve={"engine_metrics": True, "request_metrics": True},
-                        admission={"capacity_per_replica": seqs},
                         decode={"engine_args": engine, "replicas": replicas})
 
 

@@ -6,6 +6,10 @@ from pydantic import Field, field_validator, model_validator
 
 from common.config_base import _PositiveFinite, _Strict
 
+# Permits per CPU engine when `capacity_per_replica` is unset: a CPU engine runs few sequences at a
+# useful pace, where its max_num_seqs (vLLM's default 128) would only queue them inside it.
+CPU_CAPACITY = 16
+
 
 class AdmissionConfig(_Strict):
     """Admission control: engine permits, priority tiers, weighted fair queues, shedding.
@@ -16,8 +20,10 @@ class AdmissionConfig(_Strict):
     highest it may use: a request may ask for a lower tier (deferrable work).
     """
 
-    capacity_per_replica: int = Field(
-        16, ge=1, description="engine permits per decode replica: requests generating at once"
+    capacity_per_replica: int | None = Field(
+        None, ge=1, description="engine permits per decode replica: requests generating at once; unset, the "
+        "engine's max_num_seqs on a GPU or the timed executor (vLLM's default: 1024 on an H100), "
+        f"{CPU_CAPACITY} on a CPU engine",
     )
     max_queue_per_tenant: int = Field(64, ge=0, description="waiting requests one tenant may hold in each tier")
     max_queue_total: int = Field(256, ge=0, description="waiting requests across all tenants and tiers")
@@ -44,6 +50,20 @@ class AdmissionConfig(_Strict):
     )
     ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest service time in the EWMA")
     max_retry_after_s: int = Field(60, ge=1, description="ceiling on the Retry-After hint")
+
+    @property
+    def capacity(self) -> int:
+        """Permits per decode replica: `capacity_per_replica`, else CPU_CAPACITY until `resolved`."""
+        return self.capacity_per_replica or CPU_CAPACITY
+
+    def resolved(self, engine_max_num_seqs: int | None) -> "AdmissionConfig":
+        """A copy with `capacity_per_replica` set: as configured, else the engine's `max_num_seqs`
+        (pass None for an engine whose limit is not worth following: a CPU engine's), else
+        CPU_CAPACITY. Changes nothing. Sized for CPU engines, 16 permits refused a GPU engine's
+        load at 100 req/s while it idled (docs/bench_scale.md)."""
+        if self.capacity_per_replica is not None:
+            return self
+        return self.model_copy(update={"capacity_per_replica": engine_max_num_seqs or CPU_CAPACITY})
 
     @field_validator("tiers")
     @classmethod

@@ -67,7 +67,7 @@ class Front:
         self.readiness = readiness  # async () -> (ready, why)
         self.peers = peers  # async () -> live decode replicas' registry entries
         self.model = cfg.model.served_name
-        self.spill = SpillChooser(cfg.admission.capacity_per_replica)  # colocated only
+        self.spill = SpillChooser(cfg.admission.capacity)  # colocated only
         self.peer_urls: dict[str, str] = {}
         self.sites = None  # deployments/site_link.py, when `sites.peers` are configured
         self.model_routing = None  # deployments/model_routing.py, with a catalogue

@@ -102,7 +102,7 @@ class PermitLeases:
         self.interval_s, self.ttl_s, self.timeout_s = interval_s, ttl_s, timeout_s
         self.engine = engine  # (internal URL, running requests) of this front's engine, if colocated
         self.on_peers = on_peers  # gets the other fronts' engines after each renewal
-        self.safe = config.capacity_per_replica  # this front's even share of the pool
+        self.safe = config.capacity  # this front's even share of the pool
         self.lease = 0
         self.target = self.safe
         self.total = self.safe

@@ -175,6 +175,9 @@ class EngineReplica:
 
         from deployments.metrics_scrape import EngineSeries
 
+        # Permits per replica: unset, the engine's own limit on a GPU (common/config_admission.py).
+        self.cfg = self.cfg.model_copy(update={
+            "admission": self.cfg.admission.resolved(getattr(self.engine, "seqs_limit", None))})
         self.metrics = metrics = IngressMetrics()
         metrics.registry.register(EngineSeries(self.replica))  # vLLM's own series, this replica's
         if getattr(self.engine, "spec", None) is not None:  # speculation's acceptance, in /metrics

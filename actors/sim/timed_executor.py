@@ -37,12 +37,26 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
+from actors.sim import EXECUTOR
 from actors.sim.profile import DEFAULT, GpuProfile, StepShape
 from actors.sim.sequences import NewSeq, Sequences
 
 logger = init_logger(__name__)
 
 CONFIG_KEY = "baton_sim"
+
+
+def profiled_seqs(vllm_config) -> int | None:
+    """The profiled GPU's max_num_seqs where `vllm_config` runs the timed executor (the engine's own
+    where `apply_limits` is off); None otherwise. For the front's process: the executor sets the
+    limits in the engine core's, which the front's copy of the config never sees."""
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if backend is not TimedExecutor and backend != EXECUTOR:
+        return None
+    opts = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+    if not opts.get("apply_limits", True):
+        return vllm_config.scheduler_config.max_num_seqs
+    return GpuProfile.load(opts.get("profile", DEFAULT)).max_num_seqs
 
 
 class TimedExecutor(Executor):

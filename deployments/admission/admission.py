@@ -39,7 +39,7 @@ class Admission:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
         self.config = config
-        self.permits = Permits(config.capacity_per_replica * replicas)
+        self.permits = Permits(config.capacity * replicas)
         self.queue: TieredQueue[Ticket] = TieredQueue(
             config.tiers, config.max_queue_per_tenant, config.max_queue_total,
             servers=self.permits.capacity, ewma_alpha=config.ewma_alpha,

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from actors import engine_args
 from actors.sim.profile import GpuProfile, StepShape
 from common.config import load_config
 
@@ -47,6 +48,8 @@ def test_the_profiled_gpu_limits_replace_the_engines(llm):
     assert core.vllm_config.cache_config.num_gpu_blocks == 512
     assert core.scheduler.max_num_running_reqs == 4
     assert core.vllm_config.scheduler_config.max_num_batched_tokens == 64
+    # admission's default permits per replica follow the profiled GPU (common/config_admission.py)
+    assert engine_args.seqs_limit(llm.llm_engine.vllm_config) == 4
 
 
 def test_one_request_takes_exactly_its_modelled_steps(llm):

@@ -141,3 +141,14 @@ def test_the_start_time_comes_off_the_deadline_so_a_late_request_is_refused_at_o
     fresh = Admission(cfg())
     fresh.observe_start(1.0)
     assert fresh.submit("c", None, 0.0, deadline_s=0.5).admitted  # a free permit is still its best chance
+
+
+def test_unset_capacity_follows_a_gpu_engines_limit_and_stays_small_on_cpu():
+    from common.config_admission import CPU_CAPACITY
+
+    unset = AdmissionConfig()
+    assert unset.capacity_per_replica is None and unset.capacity == CPU_CAPACITY
+    assert unset.resolved(1024).capacity == 1024  # an H100's vLLM default
+    assert unset.resolved(None).capacity == CPU_CAPACITY  # a CPU engine
+    assert AdmissionConfig(capacity_per_replica=8).resolved(1024).capacity == 8  # what the config says wins
+    assert Admission(unset.resolved(256), replicas=2).permits.capacity == 512
