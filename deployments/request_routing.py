@@ -1,17 +1,18 @@
 """The front's side of routing: one decision per request, on shared state.
 
 For each request it hashes the prompt's full blocks with the tenant's salt
-and reads, in one pipelined Redis round trip, the index slice of those
-blocks, both pools' registries and the session's pins (a session without a
+(only what the session's last prompt did not have, routing/hash_memo.py),
+matches them against the KV index in its memory (deployments/index_feed.py)
+and reads the session's pins in one Redis round trip (a session without a
 live pin costs one more: the live sessions per replica that place it). The
 pure policy then picks a decode replica and, unless the decode replica can
 get all but a few tokens of the prompt from its own cache or the Mooncake
 store (the request then runs decode-only), a prefill replica. Pin updates
-are written without waiting for them. Load per replica is what every live front has in flight
-there (or this front, if more), the prefill blocks they sent it that it
-has not computed yet (its queue, which the policy's cost prices at the
-engine's measured rate), its empty KV blocks and rates from its heartbeat,
-and how long its engine's oldest unscheduled request has waited.
+are written without waiting for them. Load per replica (deployments/shared_view.py)
+is what every live front has in flight there (or this front, if more), the
+prefill blocks they sent it that it has not computed yet (its queue, priced
+at the pool's measured rate), its empty KV blocks from its heartbeat, and
+how long its engine's oldest unscheduled request has waited.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from deployments.index_feed import LocalIndex
 from deployments.metrics import IngressMetrics
 from deployments.shared_view import POOLS, SharedView
 from routing import redis_state
-from routing.block_hash import hash_blocks
+from routing.hash_memo import HashMemo
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.policy import BatonPolicy, PolicyConfig
-from routing.rates import median_rate
+from routing.rates import mean_rate, median_rate
 from routing.snapshot import IndexSnapshot, pins_view
 
 
@@ -50,8 +51,7 @@ class Route:
     in_flight: set = field(default_factory=set)  # pools this request still occupies
     decode_url: str | None = None  # internal servers of the chosen replicas, from the registry
     prefill_url: str | None = None
-    # Whether the index says the store holds more of the prompt than the prefill
-    # engine's own cache: if not, the prefill engine skips its store lookup.
+    # Whether the index says the store holds more of the prompt than the prefill engine's own cache.
     prefill_lookup: bool = True
     work: dict = field(default_factory=dict)  # pool -> prefill blocks this request adds to its replica's queue
     # The cost's predicted wait (routing/cost.py), summed over the pools the request uses: on the
@@ -128,6 +128,7 @@ class RequestRouting:
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
         self._order = asyncio.Lock()
+        self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/hash_memo.py)
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -178,8 +179,10 @@ class RequestRouting:
             state.sessions[pool] = dict(zip(names, map(int, res[2:])))
         await asyncio.gather(*(place(p) for p in pools))
 
-    def _choose(self, pool: str, req: RoutingRequest, state: _State, now: float) -> RoutingDecision | None:
+    def _choose(self, pool: str, req: RoutingRequest, state: _State, now: float,
+                match: dict[str, int] | None = None) -> RoutingDecision | None:
         live = state.live[pool]
+        match = state.snap.match(req.block_hashes) if match is None else match
         if not live:
             return None
         names = sorted(live)
@@ -189,9 +192,10 @@ class RequestRouting:
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
                 choice = min(names, key=lambda n: (self._load(pool, n, state),
                                                    (names.index(n) - turn) % len(names)))
-            return RoutingDecision(choice, "load", state.snap.match(req.block_hashes).get(choice, 0))
+            return RoutingDecision(choice, "load", match.get(choice, 0))
         bs = self.bs
-        store_rate = self._store_rate(state)
+        # Seconds per token loaded from the store: the store's and the wire's speed, in any pool.
+        store_rate = mean_rate((e for p in POOLS for e in state.live[p].values()), "load_s_per_token")
         pool_rate = median_rate(live.values(), "prefill_s_per_token") * bs  # routing/rates.py
         # Nothing waits where no front has a request in flight: a beat that still shows one waiting
         # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
@@ -206,17 +210,7 @@ class RequestRouting:
                                 load_s_per_block=float(live[n].get("load_s_per_token") or store_rate) * bs)
                  for n in names}
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
-        return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool))
-
-    @staticmethod
-    def _store_rate(state: _State) -> float:
-        """Seconds per token loaded from the store, the mean of what the live engines that load
-        from it measured (in any pool: a load's speed is the store's and the wire's); 0 when none
-        has. What an engine that has not loaded yet is priced with: a prefill engine whose
-        sessions never moved has never loaded, and a guessed rate would decide its first move."""
-        rates = [float(e["load_s_per_token"]) for pool in POOLS for e in state.live[pool].values()
-                 if e.get("load_s_per_token")]
-        return sum(rates) / len(rates) if rates else 0.0
+        return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool), match)
 
     def _load(self, pool: str, replica: str, state: _State) -> int:
         """Requests on `replica`: what every live front had in flight there at this decision's
@@ -300,46 +294,52 @@ class RequestRouting:
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:
         """Decides replicas for one request; refreshes or moves its session pins."""
         now = time.time()
-        hashes = tuple(hash_blocks(prompt_ids, self.bs, tenant))
+        hashes = tuple(self.memo.hashes(prompt_ids, tenant, session))
         state = await self._read(hashes, session, now)
         if session and self.cfg.routing.policy == "baton":
             await self._read_placement(state, session, now)
         req = RoutingRequest(hashes, session)
-        decode = self._choose("decode", req, state, now)
+        match = state.snap.match(hashes)  # once, for both pools and the store
+        decode = self._choose("decode", req, state, now, match)
         if decode is None:
             self.metrics.decisions.labels("decode", "no_replicas").inc()
             self._write_pins(session, {}, state, now)  # takes back a prefill reservation
             return Route(None, None, False, "no_replicas", 0, prompt_blocks=len(hashes))
         chosen = {"decode": decode.replica}
-        store_held = state.snap.match(hashes).get(STORE_REPLICA, 0)
+        store_held = match.get(STORE_REPLICA, 0)
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
         route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes),
                       decode_url=state.live["decode"][decode.replica].get("url"))
         prefill = None
         if len(prompt_ids) - reachable >= self.cfg.routing.decode_only_max_uncached_tokens:
-            prefill = self._choose("prefill", req, state, now)
+            prefill = self._choose("prefill", req, state, now, match)
         if prefill is None:  # short uncached tail, or no prefill pool alive: decode computes it
             route.decode_only = True
             route.work["decode"] = (len(prompt_ids) - reachable) / self.bs
         else:
-            self._count("prefill", prefill)
             chosen["prefill"] = prefill.replica
-            route.prefill_replica = prefill.replica
-            route.prefill_url = state.live["prefill"][prefill.replica].get("url")
-            # The prefill engine loads from the store what its own cache lacks (mooncake.prefix_reuse).
-            reuse = store_held if self.cfg.mooncake.prefix_reuse else 0
-            # Or where the prefill replica has prompts queued ahead: its engine may evict part of
-            # what it holds before this prompt is scheduled, and a lookup then loads it back
-            # instead of recomputing it (bench affinity PD: 11 of 120 pinned turns recomputed
-            # 500-900 tokens the pool held).
-            ahead = max(self.work["prefill"][prefill.replica], state.work.get("prefill", {}).get(prefill.replica, 0.0))
-            route.prefill_lookup = reuse > prefill.cached_blocks or (reuse > 0 and ahead > 0)
-            route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), len(prompt_ids))
-            route.work["prefill"] = (len(prompt_ids) - route.predicted_cached_tokens) / self.bs
+            self._prefill_route(route, prefill, state, store_held, len(prompt_ids))
         self._write_pins(session, chosen, state, now)
         self._predictions(route, [d for d in (decode, prefill) if d is not None])
         return route
+
+    def _prefill_route(self, route: Route, prefill: RoutingDecision, state: _State, store_held: int,
+                       prompt_len: int) -> None:
+        """Sets `route`'s prefill replica, its store lookup and its predicted hit."""
+        self._count("prefill", prefill)
+        route.prefill_replica = prefill.replica
+        route.prefill_url = state.live["prefill"][prefill.replica].get("url")
+        # The prefill engine loads from the store what its own cache lacks (mooncake.prefix_reuse).
+        reuse = store_held if self.cfg.mooncake.prefix_reuse else 0
+        # Or where the prefill replica has prompts queued ahead: its engine may evict part of
+        # what it holds before this prompt is scheduled, and a lookup then loads it back
+        # instead of recomputing it (bench affinity PD: 11 of 120 pinned turns recomputed
+        # 500-900 tokens the pool held).
+        ahead = max(self.work["prefill"][prefill.replica], state.work.get("prefill", {}).get(prefill.replica, 0.0))
+        route.prefill_lookup = reuse > prefill.cached_blocks or (reuse > 0 and ahead > 0)
+        route.predicted_cached_tokens = self._cap(max(prefill.cached_blocks, reuse), prompt_len)
+        route.work["prefill"] = (prompt_len - route.predicted_cached_tokens) / self.bs
 
     @staticmethod
     def _predictions(route: Route, decisions: list[RoutingDecision]) -> None:

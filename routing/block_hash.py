@@ -59,14 +59,22 @@ def _sha256_chain(token_ids: Sequence[int], block_size: int, n_full: int, salt: 
                   parent: int | None) -> list[int]:
     """`sha256_block_hash` chained over the blocks, the same values, with the tokens packed once
     (a front hashes every prompt: 300 blocks of an 8k-token prompt per decision)."""
-    packed = struct.pack(f"<{n_full * block_size}q", *token_ids[:n_full * block_size])
+    return sha256_packed(pack_tokens(token_ids, n_full * block_size), block_size, salt, parent)
+
+
+def pack_tokens(token_ids: Sequence[int], n: int) -> bytes:
+    """The first `n` token ids as the little-endian int64s that `sha256_packed` hashes."""
+    return struct.pack(f"<{n}q", *token_ids[:n])
+
+
+def sha256_packed(packed: bytes | memoryview, block_size: int, salt: str | None, parent: int | None) -> list[int]:
+    """`hash_blocks` with sha256 over tokens already packed (`pack_tokens`), one hash per full block."""
     salt_part = b"S" + (salt.encode("utf-8") if salt is not None else b"-")
     width = 8 * block_size
     sha, pack, out = hashlib.sha256, struct.Struct("<Q").pack, []
     prev = b"P" + (pack(parent) if parent is not None else b"-")
-    for i in range(n_full):
+    for i in range(len(packed) // width):
         digest = sha(prev + salt_part + b"T" + packed[i * width:(i + 1) * width]).digest()
-        h = int.from_bytes(digest[:8], "little")
-        out.append(h)
+        out.append(int.from_bytes(digest[:8], "little"))
         prev = b"P" + digest[:8]
     return out

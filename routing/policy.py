@@ -156,19 +156,14 @@ class BatonPolicy:
         self.config = config or PolicyConfig()
         self.rng = rng or random.Random(0)
 
-    def route(
-        self,
-        request: RoutingRequest,
-        loads: dict[str, ReplicaLoad],
-        index: PrefixIndex,
-        pins: SessionPins,
-        now: float,
-        placement: int | None = None,
-    ) -> RoutingDecision:
+    def route(self, request: RoutingRequest, loads: dict[str, ReplicaLoad], index: PrefixIndex,
+              pins: SessionPins, now: float, placement: int | None = None,
+              match: dict[str, int] | None = None) -> RoutingDecision:
         """Choose a replica among ``loads`` for ``request``.
 
         ``placement``: a ticket for placing a session that has no live pin by
         its candidates' ``sessions`` (step 5); None keeps the load draw.
+        ``match``: ``index.match(request.block_hashes)`` where the caller has it already.
         Changes: ``pins`` (the request's session is pinned or re-pinned to the choice, TTL
         refreshed) and the RNG state. Reads ``index``. Raises ValueError when no candidate is alive.
         """
@@ -179,8 +174,7 @@ class BatonPolicy:
         names = list(load)
         bound = self._under_bound(load, loads)  # once: per candidate it made a decision O(replicas^2)
         ok = [n for n in names if n in bound] or names
-
-        match = index.match(request.block_hashes)
+        match = index.match(request.block_hashes) if match is None else match
         held = {n: match.get(n, 0) for n in names}
         popular = max(
             self._popular_len([held[n] for n in ok]),

@@ -105,6 +105,17 @@ def median_rate(engines, field: str) -> float:
     return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
 
 
+def mean_rate(engines, field: str) -> float:
+    """The mean of `field` over the engines (heartbeat dicts) that report it; 0 when none does.
+
+    Routing prices the Mooncake store's loads at the mean load rate of every live engine that
+    has loaded: a load's speed is the store's and the wire's. An engine that never loaded (a
+    prefill engine whose sessions never moved) reports none, and a guessed rate would decide
+    its first move."""
+    rates = [float(e[field]) for e in engines if e.get(field)]
+    return sum(rates) / len(rates) if rates else 0.0
+
+
 def _solve(a: list[list[float]]) -> list[float] | None:
     """Gauss-Jordan with partial pivoting on an augmented n x (n+1) matrix; None if singular."""
     n = len(a)

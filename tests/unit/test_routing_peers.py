@@ -78,7 +78,9 @@ def test_engines_that_never_loaded_are_priced_at_the_stores_measured_rate():
 
     live = {"decode": {"d": {"load_s_per_token": 0.0001, "prefill_s_per_token": 0.002}},
             "prefill": {"a": {"prefill_s_per_token": 0.002}, "b": {"prefill_s_per_token": 0.002}}}
-    assert RequestRouting._store_rate(_State(IndexSnapshot([], [], []), live, {}, {})) == 0.0001
+    from routing.rates import mean_rate
+
+    assert mean_rate((e for pool in live.values() for e in pool.values()), "load_s_per_token") == 0.0001
     routing = _routing("baton")
     routing.policy.config = type(routing.policy.config)(shared_tier="pool")
     snap = IndexSnapshot([1, 2, 3], [{"a", "pool"}, {"a", "pool"}, {"a", "pool"}], [0, 0, 0])
