@@ -246,6 +246,7 @@ def agentic(args) -> dict:
     import os
 
     from bench.scale_agentic import Shape, compare
+    from bench.scale_trace import TraceRun, TraceShape
 
     os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"  # the tiny model's config stands in for an 8B's
     model = str(load_config(None, environ={}).model.resolved_path())
@@ -258,12 +259,16 @@ def agentic(args) -> dict:
     def progress(msg: str) -> None:
         print(f"  [{time.monotonic() - t0:6.0f}s] {msg}", file=sys.stderr, flush=True)
 
+    speeds = [float(x) for x in args.trace_speed.split(",")]
     for r in range(args.rounds):
-        for n, rate, think in zip(fleets, rates, thinks):
-            order = ["baton", "round_robin"] if (r + fleets.index(n)) % 2 == 0 else ["round_robin", "baton"]
-            shape = Shape(session_rate=rate, duration_s=args.duration, think_s=think, seed=r)
-            doc["runs"].append({"round": r + 1, "session_rate": rate, "shape": vars(shape),
-                                **compare(n, shape, model, args.profile, order, progress)})
+        for i, n in enumerate(fleets):
+            order = ["baton", "round_robin"] if (r + i) % 2 == 0 else ["round_robin", "baton"]
+            if args.workload == "trace":
+                shape, kind = TraceShape(speed=speeds[i], limit=args.trace_limit), TraceRun
+            else:
+                shape, kind = Shape(session_rate=rates[i], duration_s=args.duration, think_s=thinks[i], seed=r), None
+            res = compare(n, shape, model, args.profile, order, progress, kind)
+            doc["runs"].append({"round": r + 1, "workload": args.workload, "shape": vars(shape), **res})
     return doc
 
 
@@ -274,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--session-rate", default="40,125", help="agentic: new sessions per virtual second, per fleet")
     p.add_argument("--think-s", default="3,10", help="agentic: mean seconds between a turn's answer and the "
                    "next turn (tool calls, people), per fleet")
+    p.add_argument("--workload", choices=("sessions", "trace"), default="sessions",
+                   help="agentic: generated agent sessions, or the conversation trace (bench/scale_trace.py)")
+    p.add_argument("--trace-speed", default="10,40", help="agentic trace: trace seconds per virtual second, per fleet")
+    p.add_argument("--trace-limit", type=int, default=4000, help="agentic trace: requests replayed")
     p.add_argument("--systems", default="vllm_serve,baton")
     p.add_argument("--rates", default="25,50,100,200,400", help="offered requests/s, comma-separated")
     p.add_argument("--duration", type=float, default=15, help="seconds of load per rate")

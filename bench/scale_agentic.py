@@ -102,10 +102,16 @@ class Run:
         self.live[s.sid] = s
         self.peak_live = max(self.peak_live, len(self.live))
         prompt = s.context + _tokens(s.rng, s.rng.randint(*self.shape.tool_tokens))
-        hashes = hash_blocks(prompt, self.bs, s.tenant)
+        s.context = prompt
+        return self.send(s, s.sid, s.turn, prompt, s.tenant, s.rng.randint(*self.shape.output_tokens), now, fleet)
+
+    def send(self, s, sid: str | None, turn: int, prompt: list[int], tenant: str, max_tokens: int, now: float,
+             fleet) -> tuple:
+        """Routes one request of session `sid` (its `turn`) and records it; what Fleet.run sends."""
+        hashes = hash_blocks(prompt, self.bs, tenant)
         loads = self._loads(fleet)
         t0 = time.perf_counter()
-        d = self.router.route(RoutingRequest(tuple(hashes), s.sid), loads, now)
+        d = self.router.route(RoutingRequest(tuple(hashes), sid), loads, now)
         self.decide_s.append(time.perf_counter() - t0)
         usable = (len(prompt) - 1) // self.bs  # vLLM always computes a prompt's last token
         predicted = min(d.cached_blocks, usable) * self.bs if isinstance(self.router, BatonRouter) else None
@@ -114,12 +120,11 @@ class Run:
             if h not in self.oracle:
                 break
             oracle += self.bs
-        rid = f"{s.sid}-{s.turn}"
-        self.reqs[rid] = {"session": s, "turn": s.turn, "arrival": now, "engine": d.replica, "prompt": len(prompt),
+        rid = f"r{len(self.reqs)}"
+        self.reqs[rid] = {"session": s, "turn": turn, "arrival": now, "engine": d.replica, "prompt": len(prompt),
                           "predicted": predicted, "oracle": oracle, "hashes": hashes, "out": []}
         self.inflight[d.replica] += 1
-        s.context = prompt
-        return d.replica, rid, prompt, s.rng.randint(*self.shape.output_tokens), s.tenant
+        return d.replica, rid, prompt, max_tokens, tenant
 
     def _loads(self, fleet) -> dict[str, ReplicaLoad]:
         out = {}
@@ -140,6 +145,10 @@ class Run:
         if o.finish_reason is None:
             return []
         self.inflight[engine] -= 1
+        return self.finished(r, now)
+
+    def finished(self, r: dict, now: float) -> list:
+        """Records a finished request `r`; returns its session's next arrival, if any."""
         s = r["session"]
         s.context = s.context + r["out"]
         full = hash_blocks(s.context, self.bs, s.tenant)
@@ -195,11 +204,12 @@ class Run:
                 "decision_p50_ms": ms(self.decide_s, 50), "decision_p99_ms": ms(self.decide_s, 99)}
 
 
-def run_policy(fleet, policy: str, shape: Shape, profile: str, progress=None) -> dict:
-    """One policy's run of `shape` on a fresh `fleet` (its engines' caches empty, its clock at 0)."""
+def run_policy(fleet, policy: str, shape: Shape, profile: str, progress=None, kind: type = None) -> dict:
+    """One policy's run of `shape` on a fresh `fleet` (its engines' caches empty, its clock at 0), by
+    a `kind` of Run (this module's sessions, or bench/scale_trace.py's trace)."""
     prof = GpuProfile.load(profile)
-    run = Run(policy, shape, sorted(fleet.engines, key=lambda n: int(n[1:])), prof.block_size,
-              prof.prefill_s(0, 2048) / 2048)
+    run = (kind or Run)(policy, shape, sorted(fleet.engines, key=lambda n: int(n[1:])), prof.block_size,
+                        prof.prefill_s(0, 2048) / 2048)
     t0 = time.perf_counter()
     def show(now: float) -> None:
         if progress:
@@ -213,7 +223,8 @@ def run_policy(fleet, policy: str, shape: Shape, profile: str, progress=None) ->
     return out
 
 
-def compare(replicas: int, shape: Shape, model: str, profile: str, order: list[str], progress) -> dict:
+def compare(replicas: int, shape: Shape, model: str, profile: str, order: list[str], progress,
+            kind: type = None) -> dict:
     """Each policy in `order` on a fleet of its own, same workload; TTFT ratios of Baton to round robin."""
     import gc
 
@@ -224,7 +235,7 @@ def compare(replicas: int, shape: Shape, model: str, profile: str, order: list[s
         fleet = Fleet(replicas, model, profile, max_model_len=MAX_MODEL_LEN,
                       progress=lambda i, n: progress(f"{policy}: engine {i}/{n} built"))
         progress(f"{policy}: running {shape.duration_s:.0f} virtual s of sessions on {replicas} engines")
-        out[policy] = run_policy(fleet, policy, shape, profile, progress)
+        out[policy] = run_policy(fleet, policy, shape, profile, progress, kind)
         progress(f"{policy}: {out[policy]}")
         fleet.shutdown()
         del fleet

@@ -41,3 +41,15 @@ def test_agent_sessions_on_a_simulated_fleet_keep_their_prefixes(tmp_path):
     assert baton["cached_vs_oracle"] >= 0.95
     assert baton["cached_share"] > rr["cached_share"]
     assert run["ratios"]["later_ttft_p50_ms"] < 1.0
+
+
+def test_the_conversation_trace_replays_on_a_simulated_fleet(tmp_path):
+    out = tmp_path / "trace.json"
+    assert scale.main(["--part", "agentic", "--workload", "trace", "--fleet", "2", "--trace-speed", "20",
+                       "--trace-limit", "60", "--rounds", "1", "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["workload"] == "trace" and run["shape"]["skipped"] < 60
+    baton, rr = run["baton"], run["round_robin"]
+    assert baton["requests"] == rr["requests"] > 20 and baton["unanswered"] == rr["unanswered"] == 0
+    assert 0 < baton["oracle_share"] <= 1 and baton["cached_share"] <= baton["oracle_share"] + 0.05
+    assert baton["predicted_exact"] >= 0.95
