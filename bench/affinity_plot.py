@@ -5,7 +5,7 @@ and draws, per layout and pool setting, each repeat's turn-2+ TTFT p50 for every
 (left), and every moved turn's measured TTFT against the wait its router predicted had it
 stayed (right: a point below the diagonal is a move that paid).
 
-    python -m bench.affinity_plot docs/img/bench_affinity.png a.json [b.json ...]
+    python -m bench.affinity_plot docs/results/affinity/cost.png a.json [b.json ...]
 """
 
 from __future__ import annotations

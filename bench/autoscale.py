@@ -27,12 +27,12 @@ JSON line on stdout: per trace and policy those metrics
   - fewer misses than the constant predictor at matched cost.
 
     python -m bench.autoscale
-    python -m bench.autoscale --out docs/bench_autoscale_sim.json --plot docs/img/bench_autoscale_sim.png
+    python -m bench.autoscale --out docs/results/autoscale/sim.json --plot docs/results/autoscale/sim.png
 
 `--real` runs the forecast and reactive policies on a real stack in
 compressed time instead (bench/autoscale_real.py, about 14 minutes).
 
-    python -m bench.autoscale --real --out docs/bench_autoscale_real.json --plot docs/img/bench_autoscale_real.png
+    python -m bench.autoscale --real --out docs/results/autoscale/real.json --plot docs/results/autoscale/real.png
 """
 
 from __future__ import annotations

@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-resident-s", type=float, default=5.0, help="catalogue.min_resident_s of overcommit runs")
     p.add_argument("--deadline-s", type=float, default=120.0, help="x-baton-deadline-s of overcommit requests")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench_models.json")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "models" / "models.json")
     p.add_argument("--plot", type=Path, help="also draw the result here (PNG)")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))

@@ -303,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-per-replica", type=int, default=4)
     p.add_argument("--calibrate-s", type=float, default=8.0, help="closed-loop capacity measurement (s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs/bench_overload.json", help="JSON result")
-    p.add_argument("--plot", type=Path, default=REPO_ROOT / "docs/img/bench_overload.png", help="PNG figure")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs/results/overload/overload.json", help="JSON result")
+    p.add_argument("--plot", type=Path, default=REPO_ROOT / "docs/results/overload/overload.png", help="PNG figure")
     p.add_argument("--markdown", type=Path, help="also write the markdown table here")
     return p
 

@@ -8,7 +8,7 @@ the work imbalance (max/mean of uncached prefill blocks + output tokens/512
 per replica) and Baton's decision latency.
 
     python -m bench.router                 # 8 replicas x 2000 blocks
-    python -m bench.router --sweep --plot docs/img/router_sweep.png
+    python -m bench.router --sweep --plot docs/results/router/router_sweep.png
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     events = churn_events(trace, args.replicas) if args.churn and trace else None
     if args.sweep:
         rows = [run_capacity(trace, args.replicas, c, args.seed, model, events) for c in SWEEP_CAPACITIES]
-        plot_path = args.plot or REPO_ROOT / "docs/img/router_sweep.png"
+        plot_path = args.plot or REPO_ROOT / "docs/results/router/router_sweep.png"
         plot_sweep(rows, plot_path)
         out = {"trace": str(args.trace), "sweep": rows, "plot": str(plot_path)}
     else:

@@ -20,7 +20,7 @@ nearest_only:
     0.95 of the single-site run's instead.
 
     python -m bench.sites                                   # 70 sites, 5x at Frankfurt
-    python -m bench.sites --out docs/bench_sites_sim.json --plot docs/img/bench_sites_sim.png
+    python -m bench.sites --out docs/results/sites/sim.json --plot docs/results/sites/sim.png
 
 Other modes plug into MODES: a function of the parsed arguments returning
 {"policies": {name: metrics}, ...}, selected by a flag in the mode group.

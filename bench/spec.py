@@ -19,7 +19,7 @@ stack's /metrics (drafts, draft tokens, accepted; acceptance rate and mean
 accepted length). Ratios against speculation off in the same mode. JSON on
 stdout (and `--out`), a bar chart with `--plot`.
 
-    python -m bench.spec --out docs/bench_spec.json --plot docs/img/bench_spec.png
+    python -m bench.spec --out docs/results/spec/spec.json --plot docs/results/spec/spec.png
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_pd_ratio_notebook_small(tmp_path):
 
     out, stacks = tmp_path / "out", tmp_path / "stacks"
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    # SMALL also writes the plots into OUT_DIR, never into docs/img.
+    # SMALL also writes the plots into OUT_DIR, never into docs/results/pd_ratio.
     inject_parameters(nb, {"SMALL": True, "OUT_DIR": str(out), "STACK_DIR": str(stacks)})
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", interrupt_on_timeout=True,
                             resources={"metadata": {"path": str(REPO / "notebooks")}})

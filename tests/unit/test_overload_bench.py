@@ -120,8 +120,8 @@ def test_argument_defaults():
     args = overload.build_parser().parse_args([])
     assert overload.parse_levels(args.levels) == [1, 2, 5, 10, 20]
     assert args.ingress == [1, 2] and args.mode == "colocated"
-    assert args.out == REPO_ROOT / "docs/bench_overload.json"
-    assert args.plot == REPO_ROOT / "docs/img/bench_overload.png"
+    assert args.out == REPO_ROOT / "docs/results/overload/overload.json"
+    assert args.plot == REPO_ROOT / "docs/results/overload/overload.png"
     assert args.duration == 20 and args.slo_ttft == 2.0 and args.markdown is None
     assert overload.build_parser().parse_args(["--ingress", "3"]).ingress == [3]
     with pytest.raises(SystemExit):

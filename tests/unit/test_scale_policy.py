@@ -72,7 +72,7 @@ def test_curve_file_schema_loader_and_place_beside_the_config(tmp_path):
 def test_the_shipped_curve_is_the_measured_figures():
     """prefill and decode: derived from bench serve's runs; colocated: calibrated per batch size."""
     curves = capacity.load(capacity.DEFAULT_CURVE)
-    runs = json.loads((REPO_ROOT / "docs" / "bench_serve_threads.json").read_text())["rounds"]
+    runs = json.loads((REPO_ROOT / "docs" / "results" / "serve" / "threads.json").read_text())["rounds"]
 
     def mean(system, load, key):
         return sum(r["results"][system][load][key] for r in runs) / len(runs)
