@@ -31,27 +31,15 @@ import math
 import random
 import sys
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import httpx
-import yaml
 
-from bench.models_plot import arm_stats, delta, metric_totals
+from bench.models_plot import arm_stats, delta
+from bench.models_stack import (FIRST, MODELS, answer_once, chat_body, generated, log, ratio, resident, scrape,
+                                 stack_config)
 from bench.stack import StackProcess, bench_workdir, write_config
 from common.constants import CORPUS, DEADLINE_HEADER, DEFAULT_MODEL_DIR, REPO_ROOT
-
-EXTRA = [{"id": f"baton-{size}-{n}", "generate": {"size": size, "seed": 20 + 10 * n + i}, "kv_cache_gb": 0.25}
-         for n in (2, 3) for i, size in enumerate(("small", "medium", "wide", "deep"))]
-FIRST = "baton-tiny"  # the stack's `model:`, always in the catalogue
-
-
-def catalogue_entries() -> list[dict]:
-    """`models:` entries of every model after FIRST, hottest first: cluster/catalogue.yaml's, then EXTRA."""
-    return yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())["models"] + EXTRA
-
-
-MODELS = [FIRST] + [m["id"] for m in catalogue_entries()]
 
 
 def level_models(level: int, room: int) -> list[str]:
@@ -67,27 +55,6 @@ def zipf_mix(models: list[str], n: int, s: float, seed: int) -> list[str]:
     return random.Random(seed).choices(models, weights=[1 / (i + 1) ** s for i in range(len(models))], k=n)
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
-def chat_body(rng: random.Random, words: int, max_tokens: int, vocab: list[str]) -> dict:
-    text = " ".join(rng.choice(vocab) for _ in range(words))
-    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
-
-
-def generated(ids: list[str]) -> list[dict]:
-    """The `models:` entries of `ids` (all but FIRST), generated if they are not yet (progress on stderr)."""
-    from cluster import tiny_model
-    from common.config_models import CatalogueModel
-
-    entries = [e for e in catalogue_entries() if e["id"] in ids]
-    with redirect_stdout(sys.stderr):
-        tiny_model.generate_catalogue([CatalogueModel(**e) for e in entries])
-    return entries
-
-
 def budgets(ids: list[str]) -> dict[str, int]:
     """Each model's budget in bytes as the catalogue counts it (weights plus 0.25 GiB of KV cache)."""
     from common.config_models import CatalogueModel
@@ -99,31 +66,6 @@ def budgets(ids: list[str]) -> dict[str, int]:
 def room_gb(ids: list[str], room: int) -> float:
     """catalogue.memory_gb that holds any `room` of `ids` (their `room` largest budgets) and no more."""
     return math.ceil(sum(sorted(budgets(ids).values())[-room:]) / 2**30 * 1000) / 1000
-
-
-def stack_config(workdir: Path, ids: list[str], memory_gb: float | None, min_resident_s: float) -> Path:
-    """A colocated one-replica stack serving `ids` (FIRST first); memory_gb None: all resident."""
-    catalogue = {"min_resident_s": min_resident_s, **({"memory_gb": memory_gb} if memory_gb else {})}
-    return write_config(workdir, colocated=True, decode={"replicas": 1, "kv_cache_gb": 0.25}, models=generated(ids),
-                        catalogue=catalogue, tracing={"exporter": "none"})
-
-
-def scrape(url: str) -> dict:
-    return metric_totals(httpx.get(f"{url}/metrics", timeout=30).text)
-
-
-def resident(url: str) -> list[str]:
-    # A one-model stack (the baseline) has no catalogue: its model is always resident.
-    models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-    return [m["id"] for m in models if m.get("baton", {}).get("resident", True)]
-
-
-def answer_once(url: str, model: str, deadline_s: float = 120) -> None:
-    """One short chat request for `model`, waiting out swaps; raises if it is not answered."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
-    r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={DEADLINE_HEADER: str(deadline_s)},
-                   timeout=deadline_s + 60)
-    r.raise_for_status()
 
 
 async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadline_s: float,
@@ -248,10 +190,6 @@ def run_overcommit(args, levels: list[int], workdir: Path) -> dict:
                        "hottest models on a one-model stack of its own, sent its requests of the same run at the "
                        "times the overcommitted run sent them",
             "levels": {str(level): run_level(args, level, workdir / f"{level}x") for level in levels}}
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.models import MODELS, answer_once, chat_body, log, ratio, resident, scrape, stack_config
+from bench.models_stack import MODELS, answer_once, chat_body, log, ratio, resident, scrape, stack_config
 from bench.models_plot import delta, rounded
 from bench.stack import StackProcess
 from common.constants import CORPUS

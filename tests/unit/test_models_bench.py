@@ -16,8 +16,9 @@ from aiohttp import web
 
 from bench import models
 from bench.loadgen import RequestResult
-from bench.models import MODELS, level_models, ratio, zipf_mix
+from bench.models import level_models, zipf_mix
 from bench.models_plot import arm_stats, delta, metric_totals, plot, table, usage_check
+from bench.models_stack import FIRST, MODELS, ratio, stack_config
 from common.config import load_config
 from common.config_models import catalogue_models
 
@@ -129,12 +130,12 @@ def test_stack_config_is_a_colocated_catalogue_stack(tmp_path, monkeypatch):
 
     generated = []
     monkeypatch.setattr(tiny_model, "generate_catalogue", lambda entries: generated.extend(e.id for e in entries))
-    path = models.stack_config(tmp_path / "a", MODELS[:4], 0.6, 5.0)
+    path = stack_config(tmp_path / "a", MODELS[:4], 0.6, 5.0)
     cfg = load_config(path, environ={})
     assert [m.id for m in catalogue_models(cfg)] == MODELS[:4] and generated == MODELS[1:4]
     assert cfg.colocated and cfg.decode.replicas == 1 and cfg.catalogue.memory_gb == 0.6
     assert cfg.catalogue.min_resident_s == 5.0 and cfg.tracing.exporter == "none"
-    assert load_config(models.stack_config(tmp_path / "b", MODELS, None, 2), environ={}).catalogue.memory_gb is None
+    assert load_config(stack_config(tmp_path / "b", MODELS, None, 2), environ={}).catalogue.memory_gb is None
 
 
 # -- the driver against a tiny server ------------------------------------------------------
@@ -195,7 +196,7 @@ def test_run_level_sends_each_hot_model_alone_its_requests_at_the_overcommitted_
     def fake_arm(args, config, first, hot, mix, label, warm, at=None):
         cfg = yaml.safe_load(config.read_text())
         listed = [m["id"] for m in cfg.get("models") or []]  # a catalogue: the stack's model, then these
-        served = [models.FIRST, *listed] if listed else [cfg["model"]["served_name"]]
+        served = [FIRST, *listed] if listed else [cfg["model"]["served_name"]]
         calls.append((served, len(mix), {m for m, _ in mix}, at, cfg.get("catalogue", {}).get("memory_gb")))
         ttft = 0.2 if at is None else 0.1
         rows = [_row(m, ttft) for m, _ in mix]
