@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.stack import StackProcess, bench_workdir, write_config
-from common.constants import DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR, EAGLE_MODEL_DIR, REPO_ROOT
+from common.constants import CORPUS, DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR, EAGLE_MODEL_DIR, REPO_ROOT
 
 MODEL, DRAFT, EAGLE = DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR, EAGLE_MODEL_DIR
 METHODS = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": 4},
@@ -51,7 +51,7 @@ def _log(msg: str) -> None:
 
 def workloads(n_echo: int, n_free: int) -> dict[str, tuple[int, list[list[dict]]]]:
     """name -> (concurrency, chats)."""
-    from cluster.train_copy import CORPUS, heldout_prompts
+    from cluster.train_copy import heldout_prompts
 
     lines = [x for x in CORPUS.read_text().splitlines() if x.strip()]
     free = [[{"role": "user", "content": f"{lines[i % len(lines)]} {QUESTIONS[i % len(QUESTIONS)]}"}]
@@ -62,9 +62,9 @@ def workloads(n_echo: int, n_free: int) -> dict[str, tuple[int, list[list[dict]]
 def ensure_models() -> None:
     """The copying model, its draft and its EAGLE head (committed; trained again only if their
     inputs changed)."""
-    from cluster import train_copy
+    from cluster.default_model import ensure_default
 
-    train_copy.ensure_default(log=_log)
+    ensure_default(log=_log)
 
 
 async def _one(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int,

@@ -108,11 +108,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from cluster import tiny_model, train_copy
+    from cluster import default_model, tiny_model
 
     cfg, _ = _load(args)
     if cfg.model.path is None:
-        print(f"default model: {train_copy.ensure_default()}", flush=True)
+        print(f"default model: {default_model.ensure_default()}", flush=True)
     elif not (cfg.model.resolved_path() / "config.json").exists():
         print(f"model.path {cfg.model.path}: no config.json there", file=sys.stderr)
         return 1

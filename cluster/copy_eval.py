@@ -1,6 +1,10 @@
 """How well the copying model of cluster/train_copy.py copies: greedy echo rates on held-out
 tool-result prompts (transformers' generate), and how much of its answer a draft predicts.
-`python -m cluster.train_copy` prints these after training; docs/default_model.md has them."""
+`python -m cluster.train_copy` prints these after training; docs/default_model.md has them.
+
+Echo rate (`echo_rate`): the share of the answer's tokens t_i (eos excluded) whose
+`ECHO_K`-gram t_{i-K+1..i} lies within the answer and occurs contiguously in the prompt;
+the first K-1 answer tokens never count."""
 
 from __future__ import annotations
 
@@ -8,7 +12,18 @@ import tempfile
 from pathlib import Path
 
 from cluster import tiny_model
-from cluster.train_copy import ECHO_K, echo_rate, heldout_prompts
+
+ECHO_K = 3
+
+
+def echo_rate(prompt: list[int], answer: list[int], k: int = ECHO_K) -> float:
+    """Fraction of `answer` tokens t_i whose k-gram t_{i-k+1..i} (all within the answer)
+    occurs contiguously in `prompt`; 0.0 for an empty answer. Strip eos before calling."""
+    if not answer:
+        return 0.0
+    grams = {tuple(prompt[j:j + k]) for j in range(len(prompt) - k + 1)}
+    hits = sum(tuple(answer[i - k + 1:i + 1]) in grams for i in range(k - 1, len(answer)))
+    return hits / len(answer)
 
 
 def greedy_echo(model, tok, pairs, max_new_tokens: int = 64) -> dict:
@@ -46,15 +61,16 @@ def agreement(draft, seqs) -> float:
     return round(hits / max(1, total), 4)
 
 
-def evaluate(main_dir: Path, draft_dir: Path | None = None, n: int = 40) -> dict:
-    """Echo rates on `n` held-out tool-result prompts: trained model, draft, random model."""
+def evaluate(main_dir: Path, draft_dir: Path | None, pairs: list[tuple[list[dict], str]]) -> dict:
+    """Echo rates on `pairs`, the held-out (chat, tool result) pairs of cluster/train_copy.py's
+    `heldout_prompts`: trained model, draft, random model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
-    pairs, tok = heldout_prompts(n), AutoTokenizer.from_pretrained(main_dir)
+    tok = AutoTokenizer.from_pretrained(main_dir)
     load = lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()  # noqa: E731
-    report = {"prompts": n, "k": ECHO_K, "main": greedy_echo(load(main_dir), tok, pairs)}
+    report = {"prompts": len(pairs), "k": ECHO_K, "main": greedy_echo(load(main_dir), tok, pairs)}
     if draft_dir:
         draft = load(draft_dir)
         report["draft"] = greedy_echo(draft, tok, pairs)

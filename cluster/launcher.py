@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cluster import loopback, train_copy
+from cluster import default_model, loopback
 from common import core_fence, engine_threads
 from common.config import BatonConfig
 from common.listeners import is_loopback
@@ -50,7 +50,7 @@ class LocalStack:
 
     def _model(self) -> None:
         if self.cfg.model.path is None:
-            train_copy.ensure_default()
+            default_model.ensure_default()
         elif not (self.cfg.model.resolved_path() / "config.json").exists():
             raise FileNotFoundError(f"model.path {self.cfg.model.path}: no config.json there")
 

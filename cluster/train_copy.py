@@ -22,9 +22,8 @@ the last occurrence of this one". The tokenizer is the random model's, byte for 
 Cache. `MARKER` in the output directory records the seed, the corpus's sha256, the
 architecture and the hyper-parameters; a rerun with the same inputs does nothing.
 
-Echo rate (`echo_rate`): the share of the answer's tokens t_i (eos excluded) whose
-`ECHO_K`-gram t_{i-K+1..i} lies within the answer and occurs contiguously in the prompt;
-the first K-1 answer tokens never count.
+Echo rate: cluster/copy_eval.py measures it on `heldout_prompts`; `main` prints it after
+training. cluster/default_model.py trains what is missing of the default model.
 """
 
 from __future__ import annotations
@@ -39,14 +38,14 @@ import time
 from pathlib import Path
 
 from cluster import tiny_model
-from common.constants import CORPUS, DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR
+from cluster.copy_eval import evaluate
+from common.constants import CORPUS
 from common.progress import Progress
 
 SEED = 1234
 EVAL_SEED = 4321  # the held-out prompts do not change with the training seed
 MARKER = "baton_train_copy.json"
 HELD_OUT_EVERY = 5  # corpus lines 4, 9, 14, ... (0-based) are held out
-ECHO_K = 3
 ARCH = {
     "main": dict(tiny_model.SIZES["tiny"]),
     "draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -64,16 +63,6 @@ SYSTEMS = ["", "You answer with the tool's output.", "Repeat what the tools retu
 QUESTIONS = ["What did the tool return?", "Show me the result.", "Read the file.",
              "Look it up.", "Call the search tool.", "What does it say?", "Run it."]
 PLACEHOLDER = "@@RESULT@@"
-
-
-def echo_rate(prompt: list[int], answer: list[int], k: int = ECHO_K) -> float:
-    """Fraction of `answer` tokens t_i whose k-gram t_{i-k+1..i} (all within the answer)
-    occurs contiguously in `prompt`; 0.0 for an empty answer. Strip eos before calling."""
-    if not answer:
-        return 0.0
-    grams = {tuple(prompt[j:j + k]) for j in range(len(prompt) - k + 1)}
-    hits = sum(tuple(answer[i - k + 1:i + 1]) in grams for i in range(k - 1, len(answer)))
-    return hits / len(answer)
 
 
 def corpus_sha256(path: Path = CORPUS) -> str:
@@ -315,21 +304,6 @@ def build(out: Path, role: str = "main", seed: int = SEED, hp: dict | None = Non
     return dict(done, cached=False)
 
 
-def ensure_default(log=print) -> Path:
-    """The default model's directory, trained (main, draft, EAGLE head) where a checkpoint is missing
-    or records other inputs than these (a changed corpus or seed); a no-op on the committed ones."""
-    for out, role in ((DEFAULT_MODEL_DIR, "main"), (DRAFT_MODEL_DIR, "draft")):
-        if built(out, role) is None:
-            log(f"training the default {role} model into {out} (a few CPU minutes, once)")
-            build(out, role, log=log)
-    from cluster import train_eagle  # its head reads the main model's features: after it
-
-    if train_eagle.built() is None:
-        log(f"training the default model's EAGLE head into {train_eagle.EAGLE_DIR} (a few CPU minutes, once)")
-        train_eagle.build(log=log)
-    return DEFAULT_MODEL_DIR
-
-
 def heldout_prompts(n: int = 40, seed: int = EVAL_SEED) -> list[tuple[list[dict], str]]:
     """`n` (chat, tool result) pairs whose result is made from the held-out corpus lines only."""
     rng, held = random.Random(seed), split_corpus(CORPUS.read_text())[1]
@@ -356,10 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             with progress.step(f"{role} model into {out} (cached if trained before)"):
                 built[role] = build(out, role, args.seed, force=args.force, log=log)
-    from cluster.copy_eval import evaluate
-
     with progress.step(f"echo rates on {args.prompts} held-out tool-result prompts"):
-        report = evaluate(args.out, args.draft_out, args.prompts)
+        report = evaluate(args.out, args.draft_out, heldout_prompts(args.prompts))
     for role, done in built.items():
         report[role].update({k: done[k] for k in ("params", "steps", "train_cpu_s", "train_wall_s",
                                                   "final_loss", "cached")})

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from cluster import train_copy
-from common.constants import DEFAULT_MODEL_DIR
+from common.constants import CORPUS, DEFAULT_MODEL_DIR
 from common.constants import EAGLE_MODEL_DIR as EAGLE_DIR
 MARKER = "baton_train_eagle.json"
 # As the copying model's schedule (cluster/train_copy.py): repeats first, where the head's own
@@ -92,7 +92,7 @@ def build(out: Path = EAGLE_DIR, seed: int = train_copy.SEED, steps: int | None 
     config._attn_implementation = "sdpa"  # causal without a mask (eager would attend to later tokens)
     head = _head(config)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    maker = train_copy.SequenceMaker(tok, train_copy.split_corpus(train_copy.CORPUS.read_text())[0], seed, HP)
+    maker = train_copy.SequenceMaker(tok, train_copy.split_corpus(CORPUS.read_text())[0], seed, HP)
     opt = torch.optim.AdamW(head.parameters(), lr=HP["lr"], weight_decay=0.01)
     hp = HP if steps is None else {**HP, "phases": [dict(p, steps=max(1, steps // 2)) for p in HP["phases"]]}
     schedule = [p for p in hp["phases"] for _ in range(p["steps"])]

@@ -8,28 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from cluster import train_copy
+from cluster import copy_eval, train_copy
 from common.constants import CORPUS
 
 
 def test_echo_rate_counts_tokens_whose_k_gram_is_in_the_prompt():
     prompt = [1, 2, 3, 4, 5, 6]
     # Every 3-gram of the answer is in the prompt; the first two tokens never count.
-    assert train_copy.echo_rate(prompt, [2, 3, 4, 5], k=3) == 2 / 4
-    assert train_copy.echo_rate(prompt, [7, 8, 9], k=3) == 0.0
-    assert train_copy.echo_rate(prompt, [], k=3) == 0.0
+    assert copy_eval.echo_rate(prompt, [2, 3, 4, 5], k=3) == 2 / 4
+    assert copy_eval.echo_rate(prompt, [7, 8, 9], k=3) == 0.0
+    assert copy_eval.echo_rate(prompt, [], k=3) == 0.0
     # 1 2 3 is copied, then 2 3 9 and 3 9 4 do not occur: one hit in 5.
-    assert train_copy.echo_rate(prompt, [1, 2, 3, 9, 4], k=3) == 1 / 5
+    assert copy_eval.echo_rate(prompt, [1, 2, 3, 9, 4], k=3) == 1 / 5
     # Looping over a span still continues spans of the prompt.
-    assert train_copy.echo_rate(prompt, [1, 2, 3, 1, 2, 3], k=3) == 2 / 6
-    assert train_copy.echo_rate(prompt, [1, 2, 3, 1, 2, 3], k=1) == 1.0
+    assert copy_eval.echo_rate(prompt, [1, 2, 3, 1, 2, 3], k=3) == 2 / 6
+    assert copy_eval.echo_rate(prompt, [1, 2, 3, 1, 2, 3], k=1) == 1.0
 
 
 def test_echo_rate_k_gram_lies_in_the_answer_not_across_prompt_and_answer():
     # [5, 6] ends the prompt and the answer starts with 7: 5 6 7 is not a prompt 3-gram,
     # and the answer's own 3-grams are new, so nothing counts.
-    assert train_copy.echo_rate([5, 6, 7, 8], [7, 9, 10], k=3) == 0.0
-    assert train_copy.echo_rate([5, 6, 7, 8], [6, 7, 8], k=2) == 2 / 3
+    assert copy_eval.echo_rate([5, 6, 7, 8], [7, 9, 10], k=3) == 0.0
+    assert copy_eval.echo_rate([5, 6, 7, 8], [6, 7, 8], k=2) == 2 / 3
 
 
 def test_corpus_split_holds_every_fifth_line_out():
@@ -65,7 +65,7 @@ def test_sequences_mask_the_prompt_and_end_the_answer_with_eos(tok):
         assert len(ids) == len(labels) and labels[-1] == tok.eos_token_id
         answer = [l for l in labels if l != -100][:-1]
         prompt = ids[:len(ids) - len(answer) - 1]
-        assert train_copy.echo_rate(prompt, answer, k=1) == 1.0  # every answer token is copied
+        assert copy_eval.echo_rate(prompt, answer, k=1) == 1.0  # every answer token is copied
         ids, labels = maker.chat_example()
         assert labels[-1] == tok.eos_token_id and len([l for l in labels if l != -100]) >= 9
 
