@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from routing.snapshot import IndexSnapshot
+    from routing.prefix_index import IndexSnapshot
 
 FANOUT_CAP = 16  # fan-outs are counted up to this many children
 

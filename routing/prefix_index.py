@@ -14,6 +14,10 @@ tails. A query walks the prompt's blocks once
 and intersects the shrinking set of replicas still matching, so its cost is
 O(prompt blocks + replicas holding the first block), independent of how many
 blocks the fleet holds.
+
+``IndexSnapshot`` is a PrefixIndex holding only one prompt's blocks, as one
+round trip fetched them (routing/redis_state.py) or ``PrefixIndex.snapshot``
+copied them: what the policy reads for one decision.
 """
 
 from __future__ import annotations
@@ -92,8 +96,6 @@ class PrefixIndex(KVIndex):
 
     def snapshot(self, block_hashes: Sequence[int]):
         """An IndexSnapshot of ``block_hashes`` (what the Redis backend hands the policy)."""
-        from routing.snapshot import IndexSnapshot
-
         return IndexSnapshot(block_hashes, [set(self._holders.get(h, ())) for h in block_hashes],
                              [self.fanout(h) for h in block_hashes])
 
@@ -161,3 +163,26 @@ class PrefixIndex(KVIndex):
         if not holders:
             del self._holders[h]
             self._children.pop(h, None)
+
+
+class IndexSnapshot(PrefixIndex):
+    """A PrefixIndex holding only the blocks of one prompt, as fetched."""
+
+    def __init__(self, block_hashes: Sequence[int], holders: Sequence[set[str]],
+                 fanouts: Sequence[int]) -> None:
+        super().__init__()
+        for h, replicas in zip(block_hashes, holders):
+            for r in replicas:
+                self.apply_stored(r, [h])
+        self._fanouts = dict(zip(block_hashes, fanouts))
+
+    def fanout(self, block_hash: int) -> int:
+        return self._fanouts.get(block_hash, 0)
+
+    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int) -> int:
+        n = 0
+        for h in block_hashes:
+            if self._fanouts.get(h, 0) < min_fanout:
+                break
+            n += 1
+        return n

@@ -26,7 +26,7 @@ import time
 from typing import Iterable, Sequence
 
 from routing.index_api import FANOUT_CAP, KVIndex
-from routing.snapshot import IndexSnapshot
+from routing.prefix_index import IndexSnapshot
 
 P = "baton:"
 INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_indexer.py)

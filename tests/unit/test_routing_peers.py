@@ -6,7 +6,7 @@ from common.config import BatonConfig
 from deployments.metrics import IngressMetrics
 from deployments.request_routing import RequestRouting, _State
 from routing.contracts import RoutingRequest
-from routing.snapshot import IndexSnapshot
+from routing.prefix_index import IndexSnapshot
 
 LIVE = {"decode": {"a": {}, "b": {}, "c": {}}, "prefill": {}}
 NOBODY = {"decode": {}, "prefill": {}}  # no front has anything in flight
