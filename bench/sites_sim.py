@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from bench.sites_geo import City, diurnal, pick, rtt_s
 from bench.sites_metrics import Recorder
 from routing.latency_map import LatencyMap
-from routing.site_select import SITE_POLICIES, SiteSelectConfig, SiteView, make_selector
+from routing.site_policies import SITE_POLICIES, make_selector
+from routing.site_select import SiteSelectConfig, SiteView
 
 POLICIES = SITE_POLICIES
 _TURN, _DONE, _GOSSIP, _PROBE, _DOWN, _UP = range(6)

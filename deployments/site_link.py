@@ -58,7 +58,8 @@ from deployments import relay
 from deployments.bodies import read_body
 from deployments.schemas import APIError
 from routing.latency_map import LatencyMap
-from routing.site_select import SITE_POLICIES, SiteDecision, SiteSelectConfig, SiteView, make_selector
+from routing.site_policies import SITE_POLICIES, make_selector
+from routing.site_select import SiteDecision, SiteSelectConfig, SiteView
 
 TOKEN_HEADER = "x-baton-site-token"
 ORIGIN_HEADER = "x-baton-site-origin"

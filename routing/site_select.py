@@ -315,21 +315,3 @@ class SiteSelector:
             cands = [(n, r) for n, r in cands
                      if r + views[n].queue_wait_s + cfg.forward_overhead_s < local.queue_wait_s]
         return self._draw(cands, views)
-
-
-SITE_POLICIES = ("random_near", "nearest_only", "local_only")
-
-
-def make_selector(policy: str, config: SiteSelectConfig | None = None, rng: random.Random | None = None):
-    """A fresh site policy by name, each with ``choose``, ``refused`` and ``served``:
-    "random_near" (SiteSelector, using ``rng``), "nearest_only" or "local_only"
-    (routing/site_baselines.py, no randomness). Raises ValueError on another name."""
-    from routing.site_baselines import LocalOnly, NearestOnly  # they import this module
-
-    if policy == "random_near":
-        return SiteSelector(config, rng)
-    if policy == "nearest_only":
-        return NearestOnly(config)
-    if policy == "local_only":
-        return LocalOnly(config)
-    raise ValueError(f"unknown site policy {policy!r}; known: {', '.join(SITE_POLICIES)}")

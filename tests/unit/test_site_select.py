@@ -265,7 +265,7 @@ def test_nearest_only_tries_only_the_single_nearest_live_neighbour():
 
 
 def test_make_selector_by_name():
-    from routing.site_select import SITE_POLICIES, make_selector
+    from routing.site_policies import SITE_POLICIES, make_selector
 
     assert isinstance(make_selector("random_near", SiteSelectConfig(near_k=2), random.Random(1)), SiteSelector)
     assert type(make_selector("nearest_only")) is NearestOnly and type(make_selector("local_only")) is LocalOnly
