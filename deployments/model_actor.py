@@ -38,17 +38,16 @@ class ModelEngineActor:
         {"url", "pids"}. Raises what the engine start raised."""
         from actors.fast_start import use_standby
         from actors.openai_app import EngineApp
-        from deployments.model_host import _pids
-        from deployments.replica import _server, listen_socket
+        from deployments.serving import engine_pids, listen_socket, serve_asgi
 
         if self.cfg.catalogue.standby:
             use_standby()
         self.engine = EngineApp(for_model(self.cfg, self.entry), "colocated", self.replica)
         await self.engine.start()
         sock = listen_socket("127.0.0.1", 0, reuse_port=False)
-        self.server, _ = _server(self.engine.app, sock)
+        self.server, _ = serve_asgi(self.engine.app, sock)
         host, port = sock.getsockname()[:2]
-        return {"url": f"http://{host}:{port}", "pids": _pids(self.engine)}
+        return {"url": f"http://{host}:{port}", "pids": engine_pids(self.engine)}
 
     def probe(self, module: str) -> dict:
         """What this environment imports as `module`: its version and file (for checks and support)."""

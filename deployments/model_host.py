@@ -35,6 +35,7 @@ from actors.openai_app import EngineApp
 from common.config import BatonConfig
 from common.config_models import catalogue_models, check_budgets, for_model
 from deployments.schemas import APIError
+from deployments.serving import engine_pids
 from routing.residency import Residency
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ class ModelHost:
         for model, engine in self.engines.items():
             below = 0 if model in favoured else self.cfg.catalogue.cold_nice
             if self._nice.get(model) != below:
-                serving_priority(_pids(engine), below)
+                serving_priority(engine_pids(engine), below)
                 self._nice[model] = below
 
     async def _resume(self, model: str) -> EngineApp | None:
@@ -243,7 +244,7 @@ class ModelHost:
         if self.cfg.catalogue.standby and not self.sleep_level and not self._rank:  # started niced
             from actors.fast_start import serving_priority
 
-            serving_priority(_pids(engine))  # full priority; ranked, `_wake` sets the engine's level once
+            serving_priority(engine_pids(engine))  # full priority; ranked, `_wake` sets the engine's level once
         return engine
 
     async def _drop(self, model: str) -> None:
@@ -276,7 +277,7 @@ class ModelHost:
         return [{"id": i, "object": "model", "created": 0, "owned_by": "baton",
                  "baton": {"resident": self.resident_here(i), "asleep": i in self.asleep,
                            "memory_bytes": self.residency.budgets[i],
-                           "pids": _pids(self.engines[i]) if i in self.engines else []}}
+                           "pids": engine_pids(self.engines[i]) if i in self.engines else []}}
                 for i in self.entries]
 
     def resident_here(self, model: str) -> bool:
@@ -332,24 +333,6 @@ async def _respond(send, status: int, body: dict, headers: dict | None = None) -
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()), *extra]})
     await send({"type": "http.response.body", "body": raw})
-
-
-def _pids(engine) -> list[int]:
-    """The engine core's process and its children (the worker); a RemoteEngine's as its actor said."""
-    import psutil
-
-    if hasattr(engine, "pids"):
-        return list(engine.pids)
-
-    manager = getattr(getattr(engine.engine, "engine_core", None), "resources", None)
-    procs = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
-    pids = []
-    for proc in procs:
-        try:
-            pids += [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-    return pids
 
 
 def sleep_level(configured: int | None) -> int:

@@ -33,6 +33,7 @@ from common import core_fence, cpu_slice, tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
 from deployments.autoscaling import SignalMeter
+from deployments.serving import listen_socket, serve_asgi
 
 logger = logging.getLogger(__name__)
 
@@ -46,34 +47,12 @@ def replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """A bound, listening TCP socket; SO_REUSEPORT lets replicas share a port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
 def _internal_host(configured: str) -> str:
     if configured != "auto":
         return configured
     import ray
 
     return ray.util.get_node_ip_address()
-
-
-def _server(app, sock: socket.socket):
-    import uvicorn
-
-    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", access_log=False,
-                            log_level="warning", timeout_keep_alive=30)
-    server = uvicorn.Server(config)
-    return server, asyncio.ensure_future(server.serve(sockets=[sock]))
 
 
 class EngineReplica:
@@ -236,7 +215,7 @@ class EngineReplica:
         front.batches, self.batch_runner = BatchAPI(self.cfg, store), BatchRunner(self.cfg, store, gate, front)
 
     def _serve(self, app, sock: socket.socket, public: bool = False) -> None:
-        server, task = _server(self._counting(app, public), sock)
+        server, task = serve_asgi(self._counting(app, public), sock)
         self.servers.append(server)
         self.tasks.append(task)
 
