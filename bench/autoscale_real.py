@@ -15,7 +15,7 @@ Time is compressed: Serve's replicas push their metrics every second (not
 10), and the forecast bins 2 s, refits every 20 s, and looks ahead the
 engine start (`--real-engine-start`: 60 s, a replica capped at 0.5 cores
 here; 45 s uncapped). With 5 s bins it met the ramp late: its local linear
-trend took longer to believe the rise (docs/benchmarks.md). Per policy it
+trend took longer to believe the rise (docs/history.md). Per policy it
 reports TTFT p50/p99, the requests over the SLO, replica-seconds (running
 replicas integrated over the run), when the second replica was asked for and
 when it ran, and the series for the plot (bench/autoscale_plot.py).

@@ -24,7 +24,7 @@ torch 2.11 exports every symbol the kernel library's stable-ABI build needs
                         PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
                           python3 -m bench.sleep_gpu $OUT --level 1
 
-What the first try found: docs/benchmarks.md, `baton bench models`.
+What the first try found: docs/bench_sleep.md.
 """
 
 from __future__ import annotations

@@ -67,8 +67,8 @@ ONE_THREAD = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 # the fluid limit nearest-only rejects only once the hot site's excess outgrows its nearest
 # neighbour's spare (above 1.67), and from there its own max/mean is at most 1.29, which no
 # policy can cut by 30%; so both can hold only where bursts make nearest-only reject earlier.
-# Measured on 2026-11-27 (docs/benchmarks.md): at 1.25 nearest-only rejected nothing, at 1.5 its
-# max/mean was 1.29-1.51, at 1.4 both bars could be judged.
+# Measured on 2026-11-27 (runs in git history of docs/benchmarks.md): at 1.25 nearest-only
+# rejected nothing, at 1.5 its max/mean was 1.29-1.51, at 1.4 both bars could be judged.
 HOT_LOAD = 1.4
 SITE_CPU = 0.5  # cores per site's slice: three sites take 1.5 of 2, the client and proxies the rest
 BUSY_TAU_S = 10.0  # sites.busy_tau_s: a session here lives 3 turns 2 s apart, about 10 s with answers

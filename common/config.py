@@ -218,7 +218,7 @@ class ServeConfig(_Strict):
     engine_metrics: bool | None = Field(
         None, description="vLLM's own engine series (`vllm:*`) on /metrics, per replica; null: on with GPU "
         "engines (as `vllm serve` has them), off on CPU engines, whose tiny steps the per-step stats are a "
-        "share of (docs/benchmarks.md, bench serve)")
+        "share of (docs/bench_serve.md)")
     request_metrics: bool = Field(False, description="answers carry vLLM's per-request timing (`metrics`), as "
                                   "`vllm serve --enable-per-request-metrics`; needs engine_metrics on")
     require_api_key: bool = Field(False, description="answer 401 to requests without a valid API key (on in the ray "

@@ -13,7 +13,7 @@ runner as well as on GPUs):
   their context (agents echoing tool output, code, JSON). On a CUDA GPU it
   runs as vLLM's `ngram_gpu`: the same lookup on the GPU, which keeps
   vLLM's async scheduling on (the CPU lookup turns it off; measured on an
-  H200 in docs/benchmarks.md, `baton bench spec`).
+  H200 in docs/bench_spec.md).
 - `draft`: a small model of the same tokenizer (`draft_model`, a local
   directory) proposes; `cluster/train_copy.py` trains one for the default
   copying model.

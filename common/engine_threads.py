@@ -13,7 +13,7 @@ thread was preempted by the other engine's waits out a time slice.
 `thread_env` splits the cores instead: each engine runs
 `cores // engines` threads (at least one), unbound, and the kernel places
 them. A single engine keeps vLLM's own binding. Measured with
-`baton bench serve` on 2 cores (docs/benchmarks.md).
+`baton bench serve` on 2 cores (docs/bench_serve.md).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class ManagedProcess:
         (on by default), each session is one scheduling group, and a small
         group (Redis, the Mooncake master or store) that wakes up while the
         launcher's group runs the engines waited 4 to 20 s for a CPU on a
-        2-core VM (docs/benchmarks.md). In the launcher's session it competes
+        2-core VM (docs/architecture.md). In the launcher's session it competes
         per thread and runs within a time slice. A group of its own still
         keeps a terminal's Ctrl-C (sent to the foreground group) away from it."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
