@@ -6,19 +6,17 @@ runs in the Serve deployment, in unit tests and in the trace simulator.
 
 Modules, one concept each:
 
-- ``block_hash``    chained, tenant-salted hashes of full token blocks
-- ``index_api``     the index contract (KVIndex); backends: ``prefix_index``, ``redis_state``
-- ``prefix_index``  which replica holds which block hash (fed by KV events), in this process
-- ``session_pins``  soft session -> replica pins with a TTL
-- ``contracts``     dataclasses at the boundary (request, load, decision) and the Router ABC
-- ``policy``        the Baton routing policy
-- ``baton_router``  the policy plus its index and pins, fed by events
-- ``baselines``     simple policies the benchmark compares against
-- ``approx_tree``   approximate prefix tree used by one baseline
-- ``lru_cache``     bounded LRU block cache of one simulated replica
-- ``trace``         Mooncake trace loading
-- ``simulator``     trace replay against a simulated pool
-- ``bench_router``  command line benchmark
+- requests and the index: ``block_hash`` (chained, tenant-salted block hashes),
+  ``hash_memo`` (hashes of recent prompts), ``contracts`` (request, load, decision,
+  the Router ABC), ``index_api`` (the KVIndex contract), ``prefix_index`` (the
+  in-process index and ``IndexSnapshot``), ``redis_state`` (the index, pins and
+  registry in Redis), ``snapshot`` (one request's view of that state),
+  ``session_pins``, ``event_translator`` and ``event_sequence`` (engine KV events)
+- the policy: ``policy``, ``cost``, ``rates``, ``spill`` (colocated or another
+  engine), ``residency`` (which catalogue models have an engine), ``baton_router``
+- across sites: ``site_select``, ``site_baselines``, ``site_policies`` (by name),
+  ``site_backoff``, ``latency_map``, ``queueing`` (Erlang C)
+- for benchmarks: ``baselines``, ``approx_tree``, ``lru_cache``, ``trace``, ``simulator``
 """
 
 from routing.baton_router import BatonRouter
