@@ -101,6 +101,126 @@ def test_no_import_cycle_between_packages():
     assert _cycle(graph) is None, f"import cycle between packages: {' -> '.join(_cycle(graph))}"
 
 
+MODULE_PACKAGES = ["actors", "bench", "cluster", "common", "deployments", "kvstore", "routing"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under an `if TYPE_CHECKING:` block."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return hidden
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The Baton modules `path` imports, from any depth of the file (function
+    bodies included)."""
+    return _module_imports_of_text(path.read_text(), _module_name(path),
+                                   path.name == "__init__.py", modules)
+
+
+def _module_imports_of_text(src: str, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """Relative imports resolved against `name`; `from pkg import x` is an import
+    of `pkg.x` when that is a module, else of `pkg`; `if TYPE_CHECKING:` skipped."""
+    package = name if is_package else name.rpartition(".")[0]
+    tree = ast.parse(src)
+    hidden = _type_checking_only(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                up = parts[: len(parts) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+    return (found & modules) - {name}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Baton module -> the Baton modules it imports anywhere in its file."""
+    paths = [p for top in MODULE_PACKAGES for p in _sources(top)]
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): _module_imports(p, modules) for p in paths}
+
+
+def _strong_components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of `graph` with more than one node."""
+    order: list[str] = []
+    seen: set[str] = set()
+    for start in sorted(graph):  # iterative DFS, finish order
+        if start in seen:
+            continue
+        seen.add(start)
+        stack = [(start, iter(sorted(graph[start])))]
+        while stack:
+            node, it = stack[-1]
+            nxt = next((m for m in it if m not in seen), None)
+            if nxt is None:
+                order.append(node)
+                stack.pop()
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(sorted(graph.get(nxt, ())))))
+    reverse: dict[str, set[str]] = {n: set() for n in graph}
+    for n, targets in graph.items():
+        for m in targets:
+            reverse.setdefault(m, set()).add(n)
+    components, assigned = [], set()
+    for root in reversed(order):
+        if root in assigned:
+            continue
+        comp, todo = set(), [root]
+        while todo:
+            n = todo.pop()
+            if n not in assigned:
+                assigned.add(n)
+                comp.add(n)
+                todo += reverse.get(n, set()) - assigned
+        if len(comp) > 1:
+            components.append(comp)
+    return components
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Each tangle of mutually importing modules: one cycle through it, and all its modules."""
+    return [(_cycle({n: graph[n] & comp for n in comp}), sorted(comp)) for comp in _strong_components(graph)]
+
+
+def test_module_cycle_finder_sees_function_level_and_relative_imports():
+    assert module_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [(["a", "b", "a"], ["a", "b"])]
+    assert module_cycles({"a": {"b"}, "b": {"a", "c"}, "c": {"a"}}) == [(["a", "b", "a"], ["a", "b", "c"])]
+    assert module_cycles({"a": {"b"}, "b": set()}) == []
+    src = ("from typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    from p import hidden\n"
+           "def f():\n    from . import sub\n    from .deep.leaf import x\n"
+           "    import p.other\n    from p import not_a_module\n")
+    modules = {"p", "p.hidden", "p.sub", "p.deep.leaf", "p.other"}
+    assert _module_imports_of_text(src, "p.m", False, modules) == {
+        "p.sub", "p.deep.leaf", "p.other", "p"}
+
+
+def test_no_import_cycle_between_modules():
+    """Every import counts, the ones inside functions too: a deferred import
+    hides a cycle from the interpreter, not from the design."""
+    graph = module_graph()
+    tangles = [f"{' -> '.join(cycle)}  (the tangle: {', '.join(members)})"
+               for cycle, members in module_cycles(graph)]
+    assert not tangles, "import cycles between modules:\n" + "\n".join(tangles)
+
+
 def test_layers_point_down():
     graph = package_graph()
     rank = {p: i for i, p in enumerate(LAYERS)}

@@ -1,4 +1,4 @@
-"""The copying model's trainer (cluster/train_copy.py): the echo-rate measure on hand-made
+"""The copying model's trainer (cluster/train_copy.py) and the echo-rate measure (cluster/copy_eval.py) on hand-made
 cases, and a few-step training run that lowers the loss and is cached by its inputs."""
 
 from __future__ import annotations
