@@ -171,5 +171,15 @@ class Fleet:
                 heapq.heappush(heap, (end, next(seq), "done", (eng, outs)))
 
     def shutdown(self) -> None:
-        for e in self.engines.values():
-            e.core.shutdown()
+        """Shuts every engine core down, tearing the process's shared state down once: each core's
+        own teardown collects the whole heap (64 full collections of ~5 GB took minutes)."""
+        from vllm.v1.engine import core as core_module
+
+        cleanup = core_module.cleanup_dist_env_and_memory
+        core_module.cleanup_dist_env_and_memory = lambda *a, **kw: None
+        try:
+            for e in self.engines.values():
+                e.core.shutdown()
+        finally:
+            core_module.cleanup_dist_env_and_memory = cleanup
+        cleanup()
