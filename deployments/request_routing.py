@@ -30,11 +30,12 @@ from deployments.index_feed import LocalIndex
 from deployments.metrics import IngressMetrics
 from deployments.shared_view import POOLS, SharedView
 from routing import redis_state
-from routing.hash_memo import HashMemo
 from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
+from routing.hash_memo import HashMemo
 from routing.policy import BatonPolicy, PolicyConfig
+from routing.prefix_index import IndexSnapshot
 from routing.rates import mean_rate, median_rate
-from routing.snapshot import IndexSnapshot, pins_view
+from routing.snapshot import pins_view
 
 
 @dataclass

@@ -12,10 +12,7 @@ routing/prefix_index.py, which builds it) and `pins_view` here.
 
 from __future__ import annotations
 
-from routing.prefix_index import IndexSnapshot
 from routing.session_pins import SessionPins
-
-__all__ = ["IndexSnapshot", "pins_view"]
 
 
 def pins_view(ttl_s: float, session: str | None, pinned: str | None, now: float) -> SessionPins:
