@@ -38,6 +38,9 @@ class TraceShape:
     system_tokens: int = 0
     skipped: int = 0  # requests longer than the engines' context
 
+    def __post_init__(self) -> None:
+        self.rows()  # sets duration_s and skipped, which Run and the report read before arrivals
+
     def rows(self) -> list[dict]:
         """The replayed requests, and this shape's duration and skipped count set from them."""
         out, self.skipped = [], 0
