@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from actors import step_budget
 from common.config import BatonConfig, ConfigError, parse_size
-from common.config_models import check_budgets
+from common.config.models import check_budgets
 from common.listeners import is_loopback
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -134,7 +134,7 @@ def validate(cfg: BatonConfig, source: str) -> None:
 
 def seqs_limit(vllm_config) -> int | None:
     """The engine's max_num_seqs where admission should admit up to it: on a GPU, or on the timed
-    executor (actors/sim: the profiled GPU's); None for a CPU engine (common/config_admission.py)."""
+    executor (actors/sim: the profiled GPU's); None for a CPU engine (common/config/admission.py)."""
     from vllm.platforms import current_platform
 
     from actors.sim.timed_executor import profiled_seqs

@@ -57,7 +57,7 @@ def zipf_mix(models: list[str], n: int, s: float, seed: int) -> list[str]:
 
 def budgets(ids: list[str]) -> dict[str, int]:
     """Each model's budget in bytes as the catalogue counts it (weights plus 0.25 GiB of KV cache)."""
-    from common.config_models import CatalogueModel
+    from common.config.models import CatalogueModel
 
     first = CatalogueModel(id=FIRST, path=str(DEFAULT_MODEL_DIR), kv_cache_gb=0.25)
     return {m.id: m.budget_bytes() for m in [first, *(CatalogueModel(**e) for e in generated(ids))]}
@@ -104,7 +104,7 @@ async def drive(url: str, mix: list[tuple[str, dict]], concurrency: int, deadlin
 
 def one_model_config(workdir: Path, model: str) -> Path:
     """A colocated one-replica stack serving only `model`, no catalogue: a hot model's pool of its own."""
-    from common.config_models import CatalogueModel
+    from common.config.models import CatalogueModel
 
     if model == FIRST:
         path, kv_gb = DEFAULT_MODEL_DIR, 0.25

@@ -77,7 +77,7 @@ def vllm_start(args, workdir: Path, body: dict) -> dict:
     """A fresh `vllm serve` of `args.model` (the wake stack's engine settings), timed from its start."""
     from bench.peers import VllmServe
     from common.config import load_config
-    from common.config_models import catalogue_models, for_model
+    from common.config.models import catalogue_models, for_model
 
     cfg = load_config(_wake_config(args, workdir), environ={})
     one = for_model(cfg, next(m for m in catalogue_models(cfg) if m.id == args.model))

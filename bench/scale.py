@@ -54,7 +54,7 @@ def sim_engine(profile: str, speedup: float) -> dict:
 
 def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int) -> Path:
     """Colocated Baton on `replicas` simulated engines. Each admits as many requests at once as the
-    profiled GPU schedules: admission's default on the timed executor (common/config_admission.py)."""
+    profiled GPU schedules: admission's default on the timed executor (common/config/admission.py)."""
     return write_config(workdir, colocated=True, tracing={"exporter": "none"}, model={"block_size": block_size},
                         serve={"engine_metrics": True, "request_metrics": True},
                         decode={"engine_args": engine, "replicas": replicas})

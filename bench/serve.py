@@ -45,7 +45,7 @@ OPTIONAL = ("baton_disaggregated_two_step",)
 @contextmanager
 def started(system: str, workdir: Path, cfg, speculation: str | None = None):
     """The system's base URL while it runs; stops it on exit. `speculation`: a method
-    Baton's decode pool runs (common/config_spec.py); the peers never speculate."""
+    Baton's decode pool runs (common/config/spec.py); the peers never speculate."""
     if system == "vllm_serve":
         with VllmServe(cfg, workdir / "vllm-serve.log") as s:
             yield s.url

@@ -125,7 +125,7 @@ def serve_run(cfg, out: dict, gpu: bool) -> None:
 
     from bench.models_wake import started_fast
     from bench.peers import VllmServe
-    from common.config_models import catalogue_models, for_model
+    from common.config.models import catalogue_models, for_model
 
     server = VllmServe(for_model(cfg, catalogue_models(cfg)[0]), Path(out["serve_log"]), timeout_s=SERVE_TIMEOUT_S)
     if gpu:  # what ENGINE_ARGS gives the host's engines

@@ -36,9 +36,9 @@ import httpx
 
 from bench.sleep_gpu import ENGINE_ARGS, log
 from bench.spec import METHODS, MODEL, _pct, _run, acceptance, compare, workloads
-from common.config_spec import SpeculationConfig
+from common.config.spec import SpeculationConfig
 
-# `baton bench spec`'s methods as Baton's config passes them to vLLM (common/config_spec.py): `ngram` as on
+# `baton bench spec`'s methods as Baton's config passes them to vLLM (common/config/spec.py): `ngram` as on
 # a CPU (the lookup on the CPU), `ngram_gpu` as Baton's `ngram` on a CUDA GPU.
 SPEC = {"off": None, **{m: SpeculationConfig(**METHODS[m]).vllm() for m in ("ngram", "draft", "eagle")},
         "ngram_gpu": SpeculationConfig(**METHODS["ngram"]).vllm(gpu=True)}

@@ -20,7 +20,7 @@ Cluster conventions, shared with cluster/ray_up/scripts/:
 
 Per-pool autoscaling is read from an optional `autoscaling` section of each
 pool (`min_replicas`, `max_replicas`, `target_ongoing_requests`, and
-optionally `forecast`, common/config_autoscale.py); without one the fixed
+optionally `forecast`, common/config/autoscale.py); without one the fixed
 `replicas` apply. `baton up` applies the same section to its local stack
 (`autoscaling_overrides`). Where both pools forecast with `app_level` on,
 `app_policy` gives Serve one application-level policy for both, and the app
@@ -130,7 +130,7 @@ def _forecast_section(name: str, raw, config_path):
     """(ForecastAutoscaling, its capacity curves) of pool `name`'s forecast section."""
     from pydantic import ValidationError
 
-    from common.config_autoscale import ForecastAutoscaling
+    from common.config.autoscale import ForecastAutoscaling
     from deployments import capacity
 
     try:

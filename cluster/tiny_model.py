@@ -140,7 +140,7 @@ def _same(marker: Path, size: str, seed: int) -> bool:
 
 
 def generate_catalogue(entries, force: bool = False) -> list[Path]:
-    """Generates every catalogue entry (common/config_models.py) that names no checkpoint of its own;
+    """Generates every catalogue entry (common/config/models.py) that names no checkpoint of its own;
     entries already generated with the same size and seed are kept unless `force`. Prints one line per model."""
     out = []
     for i, entry in enumerate(e for e in entries if e.path is None):

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
-from common.config_runtime import TracingConfig
+from common.config.runtime import TracingConfig
 
 _lock = threading.Lock()
 _configured = False

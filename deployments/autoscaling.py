@@ -258,7 +258,7 @@ def _spec(kind: str, bounds: dict, forecast, curves) -> dict:
 def forecast_autoscaling(base: dict, kind: str, forecast, curves) -> dict:
     """Serve's `autoscaling_config` of a pool under PoolForecastPolicy: `base` (bounds and
     target as cluster/deploy.pool_autoscaling builds them) with Serve's delays at 0 and the
-    policy swapped. `forecast`: a common.config_autoscale.ForecastAutoscaling; `curves`: a
+    policy swapped. `forecast`: a common.config.autoscale.ForecastAutoscaling; `curves`: a
     capacity.CapacityFile. Changes nothing."""
     out = {**base, "upscale_delay_s": 0.0, "downscale_delay_s": 0.0}
     out["policy"] = {"policy_function": FORECAST_POLICY, "policy_kwargs": _spec(kind, base, forecast, curves)}

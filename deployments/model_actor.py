@@ -1,6 +1,6 @@
 """A catalogue model in its own environment: a Ray actor with the entry's `runtime_env`.
 
-A catalogue entry with `runtime_env` (common/config_models.py) does not run
+A catalogue entry with `runtime_env` (common/config/models.py) does not run
 in the replica's process tree: the replica's ModelHost starts a
 `ModelEngineActor` on its own node with that runtime_env (its own
 `py_modules`, `pip` packages or environment variables, as Omni gives each
@@ -20,7 +20,7 @@ import asyncio
 import aiohttp
 
 from common.config import BatonConfig
-from common.config_models import for_model
+from common.config.models import for_model
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 

@@ -1,6 +1,6 @@
 """The catalogue's engines on one replica: which models are resident, waking and evicting them.
 
-A replica of a stack with `models:` (common/config_models.py) hosts one
+A replica of a stack with `models:` (common/config/models.py) hosts one
 engine per resident model, each with its own engine-core and worker
 processes, so a model that crashes takes only itself down. What is resident
 is decided by routing/residency.py from recent demand, within
@@ -33,7 +33,7 @@ from urllib.parse import unquote
 from actors.finisher import COMPLETION_PATHS, MODEL_HEADER, Finisher, header, openai_error
 from actors.openai_app import EngineApp
 from common.config import BatonConfig
-from common.config_models import catalogue_models, check_budgets, for_model
+from common.config.models import catalogue_models, check_budgets, for_model
 from deployments.schemas import APIError
 from deployments.serving import engine_pids
 from routing.residency import Residency

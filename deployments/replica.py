@@ -154,7 +154,7 @@ class EngineReplica:
 
         from deployments.metrics_scrape import EngineSeries
 
-        # Permits per replica: unset, the engine's own limit on a GPU (common/config_admission.py).
+        # Permits per replica: unset, the engine's own limit on a GPU (common/config/admission.py).
         self.cfg = self.cfg.model_copy(update={
             "admission": self.cfg.admission.resolved(getattr(self.engine, "seqs_limit", None))})
         self.metrics = metrics = IngressMetrics()

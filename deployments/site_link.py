@@ -1,6 +1,6 @@
 """One front's link to the other sites: probes, the latency map, and forwarding.
 
-Each front of a site (`sites:` in the config, common/config_sites.py)
+Each front of a site (`sites:` in the config, common/config/sites.py)
 - probes every peer site's `GET /baton/site` every `sites.probe_s`: the
   round trip goes into its latency map (routing/latency_map.py) and the
   answer (the peer's free permits and queue wait) into its view of that

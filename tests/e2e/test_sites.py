@@ -6,7 +6,7 @@ as two sites a few hundred kilometres apart would. `a` has one engine permit,
 so a second request finds it full. Both stacks start once for the module, in
 parallel.
 
-Site `b` also speculates (n-gram prompt lookup, common/config_spec.py) and `a`
+Site `b` also speculates (n-gram prompt lookup, common/config/spec.py) and `a`
 does not, as sites with different configs would; the last tests use the pair
 as speculation's end-to-end check: greedy answers equal with and without it,
 and b's acceptance counters move.

@@ -48,7 +48,7 @@ def test_the_profiled_gpu_limits_replace_the_engines(llm):
     assert core.vllm_config.cache_config.num_gpu_blocks == 512
     assert core.scheduler.max_num_running_reqs == 4
     assert core.vllm_config.scheduler_config.max_num_batched_tokens == 64
-    # admission's default permits per replica follow the profiled GPU (common/config_admission.py)
+    # admission's default permits per replica follow the profiled GPU (common/config/admission.py)
     assert engine_args.seqs_limit(llm.llm_engine.vllm_config) == 4
 
 

@@ -144,7 +144,7 @@ def test_the_start_time_comes_off_the_deadline_so_a_late_request_is_refused_at_o
 
 
 def test_unset_capacity_follows_a_gpu_engines_limit_and_stays_small_on_cpu():
-    from common.config_admission import CPU_CAPACITY
+    from common.config.admission import CPU_CAPACITY
 
     unset = AdmissionConfig()
     assert unset.capacity_per_replica is None and unset.capacity == CPU_CAPACITY

@@ -6,7 +6,7 @@ import pytest
 
 from actors import engine_args
 from common.config import ConfigError, load_config
-from common.config_models import CATALOGUE_DIR, catalogue_models, for_model
+from common.config.models import CATALOGUE_DIR, catalogue_models, for_model
 from common.constants import REPO_ROOT
 from tests.unit.test_config import write
 

@@ -1,4 +1,4 @@
-"""`sites:` (common/config_sites.py, deployments/site_link.check): errors name the field and the file."""
+"""`sites:` (common/config/sites.py, deployments/site_link.check): errors name the field and the file."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from bench.models import level_models, zipf_mix
 from bench.models_plot import arm_stats, delta, metric_totals, plot, table, usage_check
 from bench.models_stack import FIRST, MODELS, ratio, stack_config
 from common.config import load_config
-from common.config_models import catalogue_models
+from common.config.models import catalogue_models
 
 
 def test_levels_serve_the_first_level_times_room_models_hottest_first():

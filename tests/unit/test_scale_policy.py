@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from common.config_autoscale import ForecastAutoscaling
+from common.config.autoscale import ForecastAutoscaling
 from common.constants import REPO_ROOT
 from deployments import autoscaling as glue
 from deployments import capacity

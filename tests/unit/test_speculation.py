@@ -1,4 +1,4 @@
-"""Speculation per pool (common/config_spec.py): config errors, engine arguments, acceptance counts."""
+"""Speculation per pool (common/config/spec.py): config errors, engine arguments, acceptance counts."""
 
 from __future__ import annotations
 

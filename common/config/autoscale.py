@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from common.config_base import _Strict
+from common.config.base import _Strict
 
 
 class ForecastAutoscaling(_Strict):

@@ -1,12 +1,12 @@
 """Baton's one declarative config: a pydantic model loaded from YAML plus env.
+The package: `BatonConfig` and `load_config` here; its sections in base (shared
+types, ConfigError), admission, autoscale, batch, models, runtime, sites, spec.
 
 Every component reads its part of `BatonConfig`. Unknown keys are errors
-(`extra="forbid"`), and any problem is raised as one `ConfigError` that names
-the field and the file before anything starts.
+(`extra="forbid"`); any problem is one `ConfigError` naming field and file.
 
-Environment overrides use `BATON__` and `__` between levels, for example
-`BATON__SERVE__PORT=8001` or `BATON__DECODE__REPLICAS=2`. Values are parsed
-as YAML scalars, so `true`, `2` and `0.5` keep their types.
+Env overrides: `BATON__` and `__` between levels (`BATON__SERVE__PORT=8001`,
+`BATON__DECODE__REPLICAS=2`), parsed as YAML scalars (`true`, `2`, `0.5` keep types).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from common.config_admission import AdmissionConfig
-from common.config_autoscale import AutoscalingSection
-from common.config_base import ConfigError, _Strict, parse_size
-from common.config_models import CatalogueConfig, CatalogueModel, check_catalogue
-from common.config_batch import BatchConfig, ResponsesConfig
-from common.config_runtime import RayConfig, TracingConfig
-from common.config_sites import SitesConfig
-from common.config_spec import SpeculationConfig
+from common.config.admission import AdmissionConfig
+from common.config.autoscale import AutoscalingSection
+from common.config.base import ConfigError, _Strict, parse_size
+from common.config.models import CatalogueConfig, CatalogueModel, check_catalogue
+from common.config.batch import BatchConfig, ResponsesConfig
+from common.config.runtime import RayConfig, TracingConfig
+from common.config.sites import SitesConfig
+from common.config.spec import SpeculationConfig
 from common.constants import DEFAULT_MODEL_DIR, REPO_ROOT
 
 __all__ = ["AdmissionConfig", "BatonConfig", "ConfigError", "load_config", "parse_size"]
@@ -103,7 +103,7 @@ class PoolConfig(_Strict):
         None, description="per-pool autoscaling (used by `baton deploy`); null keeps `replicas` fixed"
     )
     speculation: SpeculationConfig | None = Field(
-        None, description="speculative decoding in this pool's engines (common/config_spec.py); null: none"
+        None, description="speculative decoding in this pool's engines (common/config/spec.py); null: none"
     )
 
 

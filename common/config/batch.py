@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from common.config_base import _Strict
+from common.config.base import _Strict
 
 
 class BatchConfig(_Strict):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from common.config_base import _Strict
+from common.config.base import _Strict
 
 
 class TracingConfig(_Strict):

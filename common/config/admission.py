@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from common.config_base import _PositiveFinite, _Strict
+from common.config.base import _PositiveFinite, _Strict
 
 # Permits per CPU engine when `capacity_per_replica` is unset: a CPU engine runs few sequences at a
 # useful pace, where its max_num_seqs (vLLM's default 128) would only queue them inside it.

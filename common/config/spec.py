@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from common.config_base import _Strict
+from common.config.base import _Strict
 
 VLLM_METHOD = {"ngram": "ngram", "draft": "draft_model", "eagle": "eagle"}
 

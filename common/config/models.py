@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from common.config_base import _Strict
+from common.config.base import _Strict
 from common.constants import REPO_ROOT
 
 CATALOGUE_DIR = REPO_ROOT / "models" / "catalogue"
@@ -131,7 +131,7 @@ def check_catalogue(cfg):
 def check_budgets(cfg, source: str) -> None:
     """Raises ConfigError naming the entry and `source` if one model's budget alone exceeds
     `catalogue.memory_gb` (it could never be resident); reads the checkpoints' sizes."""
-    from common.config_base import ConfigError
+    from common.config.base import ConfigError
 
     if not cfg.models or not cfg.catalogue.memory_gb:
         return

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from common.config_base import ConfigError, _Strict
+from common.config.base import ConfigError, _Strict
 
 SITE_TOKEN_ENV = "BATON_SITE_TOKEN"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
