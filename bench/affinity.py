@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     from bench.kv import MODELS
-    from cluster import tiny_model
+    from cluster.default_model import tiny_model
 
     model = MODELS / "bench-llama"
     print(f"model {model} ...", file=sys.stderr, flush=True)

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="mooncake.shm_reads off: pool loads over the transfer engine's TCP (the peer)")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
-    from cluster import tiny_model
+    from cluster.default_model import tiny_model
 
     model = MODELS / {"tiny": "tiny-llama", "bench": "bench-llama", "kv": "kv-llama"}[args.model]
     print(f"model {model} ...", file=sys.stderr, flush=True)

@@ -40,7 +40,7 @@ def chat_body(rng: random.Random, words: int, max_tokens: int, vocab: list[str])
 
 def generated(ids: list[str]) -> list[dict]:
     """The `models:` entries of `ids` (all but FIRST), generated if they are not yet (progress on stderr)."""
-    from cluster import tiny_model
+    from cluster.default_model import tiny_model
     from common.config.models import CatalogueModel
 
     entries = [e for e in catalogue_entries() if e["id"] in ids]

@@ -5,7 +5,7 @@
 Runs deployments/model_host.py's ModelHost in this process, without Ray or
 the rest of the stack (the device machines lent to sessions have a GPU and
 no network, so only vLLM and its Python dependencies travel there): two
-generated models of the `gpu` size (cluster/tiny_model.py), room for one.
+generated models of the `gpu` size (cluster/default_model/tiny_model.py), room for one.
 The sequence: model A starts (a fresh engine), B is asked for (A sleeps, B
 starts), A again (B sleeps, A wakes), B again (A sleeps, B wakes). Each
 step records the time to the first answer, the GPU memory in use
@@ -46,7 +46,7 @@ def gpu_used_mib() -> int:
 
 
 def models(root: Path, size: str) -> tuple[Path, Path]:
-    from cluster.tiny_model import generate
+    from cluster.default_model.tiny_model import generate
 
     paths = []
     for name, seed in (("gpu-a", 21), ("gpu-b", 22)):

@@ -2,7 +2,7 @@
 
 Systems: a colocated stack and a disaggregated one (1 prefill + 1 decode),
 each with speculation off and with each method (`ngram`, `draft`), one stack
-at a time, all on the trained copying model of cluster/train_copy.py
+at a time, all on the trained copying model of cluster/default_model/train_copy.py
 (`models/baton-tiny-copy`, draft `models/baton-tiny-copy-draft`; trained
 here first if missing, a few CPU minutes each, cached). Workloads:
 
@@ -51,7 +51,7 @@ def _log(msg: str) -> None:
 
 def workloads(n_echo: int, n_free: int) -> dict[str, tuple[int, list[list[dict]]]]:
     """name -> (concurrency, chats)."""
-    from cluster.train_copy import heldout_prompts
+    from cluster.default_model.train_copy import heldout_prompts
 
     lines = [x for x in CORPUS.read_text().splitlines() if x.strip()]
     free = [[{"role": "user", "content": f"{lines[i % len(lines)]} {QUESTIONS[i % len(QUESTIONS)]}"}]

@@ -108,7 +108,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from cluster import default_model, tiny_model
+    from cluster import default_model
+    from cluster.default_model import tiny_model
 
     cfg, _ = _load(args)
     if cfg.model.path is None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The default model: the tiny Llama trained to copy (cluster/train_copy.py), committed with the
+# The default model: the tiny Llama trained to copy (cluster/default_model/train_copy.py), committed with the
 # marker that records its inputs; `baton model` retrains it only if they changed.
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "baton-tiny-copy"
 DRAFT_MODEL_DIR = REPO_ROOT / "models" / "baton-tiny-copy-draft"  # its draft, for `speculation.method: draft`
-EAGLE_MODEL_DIR = REPO_ROOT / "models" / "baton-tiny-copy-eagle"  # its EAGLE head (cluster/train_eagle.py)
+EAGLE_MODEL_DIR = REPO_ROOT / "models" / "baton-tiny-copy-eagle"  # its EAGLE head (cluster/default_model/train_eagle.py)
 # Text the tiny model's tokenizer is trained on; benchmarks draw prompt words from it.
 CORPUS = Path(__file__).resolve().parent / "assets" / "corpus.txt"
 # The Mooncake FAST'25 conversation trace (Apache-2.0, see bench/traces/NOTICE).

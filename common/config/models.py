@@ -25,7 +25,7 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 class GeneratedModel(_Strict):
-    size: str = Field("tiny", description="cluster/tiny_model.py size: tiny, small, medium, wide, deep or bench")
+    size: str = Field("tiny", description="cluster/default_model/tiny_model.py size: tiny, small, medium, wide, deep or bench")
     seed: int = Field(1234, ge=0, description="weights seed; the same seed gives the same bytes everywhere")
 
 

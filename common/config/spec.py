@@ -15,10 +15,10 @@ runner as well as on GPUs):
   vLLM's async scheduling on (the CPU lookup turns it off; measured on an
   H200 in docs/bench_spec.md).
 - `draft`: a small model of the same tokenizer (`draft_model`, a local
-  directory) proposes; `cluster/train_copy.py` trains one for the default
+  directory) proposes; `cluster/default_model/train_copy.py` trains one for the default
   copying model.
 - `eagle`: an EAGLE head (`draft_model`) trained on the target's hidden
-  states; `cluster/train_eagle.py` trains `models/baton-tiny-copy-eagle`
+  states; `cluster/default_model/train_eagle.py` trains `models/baton-tiny-copy-eagle`
   for the default model.
 
 In a disaggregated deployment, speculation belongs to the decode pool: the

@@ -1,7 +1,7 @@
 """Many models on one replica (issue 32): a catalogue of three, room for two.
 
 One colocated replica serves the default model and two catalogue models
-(cluster/tiny_model.py sizes); `catalogue.memory_gb` holds two of the three,
+(cluster/default_model/tiny_model.py sizes); `catalogue.memory_gb` holds two of the three,
 so a request for the third wakes it and evicts the least wanted. The stack is
 started once for the module.
 """

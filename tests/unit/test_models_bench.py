@@ -115,7 +115,7 @@ def test_arm_stats_counts_429s_apart_from_errors_and_takes_hot_ttft_only_from_ho
 
 
 def test_room_holds_the_largest_budgets_of_the_level(monkeypatch):
-    from cluster import tiny_model
+    from cluster.default_model import tiny_model
 
     monkeypatch.setattr(tiny_model, "generate_catalogue", lambda entries: None)
     b = models.budgets(MODELS[:4])
@@ -126,7 +126,7 @@ def test_room_holds_the_largest_budgets_of_the_level(monkeypatch):
 
 
 def test_stack_config_is_a_colocated_catalogue_stack(tmp_path, monkeypatch):
-    from cluster import tiny_model
+    from cluster.default_model import tiny_model
 
     generated = []
     monkeypatch.setattr(tiny_model, "generate_catalogue", lambda entries: generated.extend(e.id for e in entries))
@@ -188,7 +188,7 @@ def _args(**kw) -> Namespace:
 
 
 def test_run_level_sends_each_hot_model_alone_its_requests_at_the_overcommitted_times(tmp_path, monkeypatch):
-    from cluster import tiny_model
+    from cluster.default_model import tiny_model
 
     monkeypatch.setattr(tiny_model, "generate_catalogue", lambda entries: None)
     calls = []

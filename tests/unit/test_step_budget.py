@@ -5,7 +5,7 @@ import json
 import pytest
 
 from actors.step_budget import FLOOR_TOKENS, VLLM_CPU_DEFAULT, cpu_step_tokens, flops_per_token, step_tokens
-from cluster.tiny_model import SIZES
+from cluster.default_model.tiny_model import SIZES
 
 BENCH = {**SIZES["bench"], "vocab_size": 1024}
 

@@ -1,4 +1,4 @@
-"""The copying model's trainer (cluster/train_copy.py) and the echo-rate measure (cluster/copy_eval.py) on hand-made
+"""The copying model's trainer (cluster/default_model/train_copy.py) and the echo-rate measure (cluster/default_model/copy_eval.py) on hand-made
 cases, and a few-step training run that lowers the loss and is cached by its inputs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import copy_eval, train_copy
+from cluster.default_model import copy_eval, train_copy
 from common.constants import CORPUS
 
 
@@ -105,7 +105,7 @@ def test_same_seed_same_weights(tmp_path):
 
 def test_committed_default_checkpoints_match_their_inputs():
     """The default model and its draft ship as committed checkpoints whose markers record the inputs;
-    an edit of the corpus or the hyper-parameters without retraining (`python -m cluster.train_copy
+    an edit of the corpus or the hyper-parameters without retraining (`python -m cluster.default_model.train_copy
     --out models/baton-tiny-copy --draft-out models/baton-tiny-copy-draft`) would make every fresh
     install train them again."""
     from common.constants import DEFAULT_MODEL_DIR, DRAFT_MODEL_DIR

@@ -1,11 +1,11 @@
-"""The EAGLE head of the default model (cluster/train_eagle.py): causal, and committed with its inputs."""
+"""The EAGLE head of the default model (cluster/default_model/train_eagle.py): causal, and committed with its inputs."""
 
 from __future__ import annotations
 
 import torch
 from transformers import AutoConfig
 
-from cluster import train_eagle
+from cluster.default_model import train_eagle
 from common.constants import DEFAULT_MODEL_DIR
 
 
@@ -24,7 +24,7 @@ def test_the_head_is_causal():
 def test_committed_head_matches_its_inputs_and_names_what_vllm_loads():
     from safetensors import safe_open
 
-    assert train_eagle.built() is not None  # retrain (python -m cluster.train_eagle) after changing its inputs
+    assert train_eagle.built() is not None  # retrain (python -m cluster.default_model.train_eagle) after changing its inputs
     with safe_open(train_eagle.EAGLE_DIR / "model.safetensors", "pt") as f:
         names = set(f.keys())
     assert "fc.weight" in names and all(n == "fc.weight" or n.startswith("layers.0.") for n in names)

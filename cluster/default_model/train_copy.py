@@ -1,6 +1,6 @@
 """A default model that has learned to copy: train the tiny Llama (and a draft) locally.
 
-The random model of cluster/tiny_model.py writes nonsense; this one is trained, from a
+The random model of cluster/default_model/tiny_model.py writes nonsense; this one is trained, from a
 fixed seed and the corpus shipped in the repository (nothing is downloaded), to echo a
 tool result it was shown: what speculative decoding by prompt lookup or by a draft exploits.
 
@@ -22,8 +22,8 @@ the last occurrence of this one". The tokenizer is the random model's, byte for 
 Cache. `MARKER` in the output directory records the seed, the corpus's sha256, the
 architecture and the hyper-parameters; a rerun with the same inputs does nothing.
 
-Echo rate: cluster/copy_eval.py measures it on `heldout_prompts`; `main` prints it after
-training. cluster/default_model.py trains what is missing of the default model.
+Echo rate: cluster/default_model/copy_eval.py measures it on `heldout_prompts`; `main` prints it after
+training. cluster/default_model/__init__.py trains what is missing of the default model.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster import tiny_model
-from cluster.copy_eval import evaluate
+from cluster.default_model import tiny_model
+from cluster.default_model.copy_eval import evaluate
 from common.constants import CORPUS
 from common.progress import Progress
 

@@ -1,6 +1,6 @@
-"""How well the copying model of cluster/train_copy.py copies: greedy echo rates on held-out
+"""How well the copying model of cluster/default_model/train_copy.py copies: greedy echo rates on held-out
 tool-result prompts (transformers' generate), and how much of its answer a draft predicts.
-`python -m cluster.train_copy` prints these after training; docs/default_model.md has them.
+`python -m cluster.default_model.train_copy` prints these after training; docs/default_model.md has them.
 
 Echo rate (`echo_rate`): the share of the answer's tokens t_i (eos excluded) whose
 `ECHO_K`-gram t_{i-K+1..i} lies within the answer and occurs contiguously in the prompt;
@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from cluster import tiny_model
+from cluster.default_model import tiny_model
 
 ECHO_K = 3
 
@@ -62,7 +62,7 @@ def agreement(draft, seqs) -> float:
 
 
 def evaluate(main_dir: Path, draft_dir: Path | None, pairs: list[tuple[list[dict], str]]) -> dict:
-    """Echo rates on `pairs`, the held-out (chat, tool result) pairs of cluster/train_copy.py's
+    """Echo rates on `pairs`, the held-out (chat, tool result) pairs of cluster/default_model/train_copy.py's
     `heldout_prompts`: trained model, draft, random model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,4 +1,4 @@
-"""An EAGLE draft head for the default model, trained here: `python -m cluster.train_eagle`.
+"""An EAGLE draft head for the default model, trained here: `python -m cluster.default_model.train_eagle`.
 
 EAGLE (Li et al., 2024) drafts from the target's own features. At position t
 the head takes the target's last hidden state h_t (after its final norm: what
@@ -10,7 +10,7 @@ feature of the next draft step. vLLM's EagleLlamaForCausalLM loads it
 the checkpoint holds `fc` and the layer (`layers.0`), and shares the
 target's embed_tokens and lm_head.
 
-Trained by distillation on the copy-training data (cluster/train_copy.py's
+Trained by distillation on the copy-training data (cluster/default_model/train_copy.py's
 SequenceMaker): cross-entropy against the target's own greedy next token,
 plus a feature regression to h_{t+1}. Like the copying model, its checkpoint
 is committed with a marker of its inputs; a build whose inputs match does
@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from cluster import train_copy
+from cluster.default_model import train_copy
 from common.constants import CORPUS, DEFAULT_MODEL_DIR
 from common.constants import EAGLE_MODEL_DIR as EAGLE_DIR
 MARKER = "baton_train_eagle.json"
-# As the copying model's schedule (cluster/train_copy.py): repeats first, where the head's own
+# As the copying model's schedule (cluster/default_model/train_copy.py): repeats first, where the head's own
 # induction (find the last occurrence of the next token, read what followed it) forms, then the mix.
 _P1 = {"batch": 32, "max_len": 48, "seg_min": 4, "seg_max": 16, "plain": 0.0, "repeat": 1.0, "steps": 800}
 _P2 = {"batch": 24, "max_len": 160, "seg_min": 8, "seg_max": 40, "plain": 0.15, "repeat": 0.25, "chat": 0.08,
