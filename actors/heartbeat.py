@@ -15,7 +15,7 @@ from typing import Callable
 import redis
 
 from common.config import BatonConfig
-from routing.redis_state import Registry, registry_key
+from routing.prefix.redis_state import Registry, registry_key
 
 
 class Heartbeat:

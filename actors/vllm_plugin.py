@@ -31,8 +31,8 @@ KV blocks (free or evictable), its empty ones (free and caching nothing)
 and total, how long the oldest waiting request has waited, and the
 engine's measured speeds: `EngineCore.step` is timed, and each step's
 duration, tokens computed and prompt tokens loaded through the KV connector
-feed a `routing.rates.StepFit` (seconds per token computed, per token
-loaded, per step), which the router's cost (routing/cost.py) prices
+feed a `routing.policy.rates.StepFit` (seconds per token computed, per token
+loaded, per step), which the router's cost (routing/policy/cost.py) prices
 candidates with. Nothing calls it but Baton's replica.
 """
 
@@ -91,7 +91,7 @@ def _kept(schedule):
 
 def _timed(step):
     """`EngineCore.step` that feeds the engine's StepFit with each step that ran the model."""
-    from routing.rates import StepFit
+    from routing.policy.rates import StepFit
 
     def wrapper(self, *args, **kwargs):
         t0 = time.perf_counter()

@@ -140,7 +140,7 @@ def session_routes(results) -> dict:
 def moves(results) -> dict:
     """The turns whose pin the router moved in some pool (`moved` in their `baton` object, or
     route `moved`): the pools, each one's predicted wait had it stayed and where it went
-    (routing/cost.py) against its measured TTFT, and how many paid for themselves (measured
+    (routing/policy/cost.py) against its measured TTFT, and how many paid for themselves (measured
     TTFT below the predicted stay). Changes nothing."""
     moved = [r for r in results if r.ok and r.turn > 0 and r.baton
              and (r.baton.get("moved") or r.baton.get("route") == "moved")]

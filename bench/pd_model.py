@@ -50,7 +50,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-from routing.queueing import erlang_c
+from routing.sites.queueing import erlang_c
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from common.constants import REPO_ROOT, TRACE
 from common.stats import percentile
-from routing.baselines import GreedyCapped, LeastLoaded, RoundRobin, TextPrefixTree
-from routing.baton_router import BatonRouter
-from routing.contracts import Router
-from routing.simulator import PoolEvent, ServiceModel, SimResult, simulate, single_cache_hit_ratio
-from routing.trace import TraceRequest, conversation_session, load_trace
+from routing.policy.baselines import GreedyCapped, LeastLoaded, RoundRobin, TextPrefixTree
+from routing.policy.baton_router import BatonRouter
+from routing.policy.contracts import Router
+from routing.sim.simulator import PoolEvent, ServiceModel, SimResult, simulate, single_cache_hit_ratio
+from routing.sim.trace import TraceRequest, conversation_session, load_trace
 
 SWEEP_CAPACITIES = (500, 1000, 2000, 4000, 8000)
 POLICIES = ("baton", "round_robin", "least_loaded", "text_prefix_tree", "greedy_capped")

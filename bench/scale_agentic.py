@@ -9,9 +9,9 @@ cache sees what a real agent's would) plus a new tool result, after a think
 time. Sessions arrive as a Poisson stream, each tagged with its session id
 (the `x-session-affinity` header's value) and its tenant (the cache salt).
 
-Routing is Baton's own code: `routing.baton_router.BatonRouter` (the policy,
+Routing is Baton's own code: `routing.policy.baton_router.BatonRouter` (the policy,
 the prefix index and the session pins) fed with the engines' real KV events
-through `routing.event_translator`, as the KV indexer feeds it; loads as the
+through `routing.prefix.event_translator`, as the KV indexer feeds it; loads as the
 fronts build them. Reported per policy: TTFT p50/p99 of turn 1 and of later
 turns, the cached share of prompt tokens against the oracle (one unbounded
 cache that has seen every earlier block), the share of requests whose
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 from actors.sim.profile import GpuProfile
 from common.stats import percentile
-from routing.baselines import RoundRobin
-from routing.baton_router import BatonRouter
-from routing.block_hash import hash_blocks
-from routing.contracts import ReplicaLoad, RoutingRequest
-from routing.event_translator import EventTranslator
+from routing.policy.baselines import RoundRobin
+from routing.policy.baton_router import BatonRouter
+from routing.prefix.block_hash import hash_blocks
+from routing.policy.contracts import ReplicaLoad, RoutingRequest
+from routing.prefix.event_translator import EventTranslator
 
 VOCAB = (6, 1000)
 MAX_MODEL_LEN = 32768  # no weights run: the tiny model's tokenizer and config stand in for the profiled model

@@ -53,8 +53,8 @@ from actors.sim.profile import GpuProfile
 from common.config import BatonConfig
 from common.processes import free_ports, redis_process
 from common.stats import percentile
-from routing import redis_state
-from routing.block_hash import hash_blocks
+from routing.prefix import redis_state
+from routing.prefix.block_hash import hash_blocks
 
 TENANTS = 8
 SYSTEM_TOKENS = 1024

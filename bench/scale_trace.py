@@ -6,7 +6,7 @@ its prompt as ids of 512-token blocks, equal ids marking shared prefixes
 (block 0 is the system prompt every request shares). Each id becomes 512
 token ids of its own, so that vLLM's prefix cache on the simulated engines
 (bench/scale_fleet.py) shares exactly what the trace shares. Block 1 names
-the conversation (routing/trace.py `conversation_session`): it is the
+the conversation (routing/sim/trace.py `conversation_session`): it is the
 request's `x-session-affinity`; a conversation's first request is its
 turn 1. Arrivals are the trace's, `speed` times faster; prompts longer than
 the engines' context are left out (counted), and outputs are capped at

@@ -4,8 +4,8 @@ Mode ``--sim`` (the default, bench/sites_sim.py): ``--sites`` real cities
 (RTT from great-circle distance, load by local time of day), one of them
 (``--hotspot``) receiving ``--hotspot-factor`` times its usual traffic at its
 local 14:00. Every policy of bench/sites_sim.POLICIES runs over the same
-seeded workload: ``random_near`` (routing/site_select.SiteSelector),
-``nearest_only`` and ``local_only`` (routing/site_baselines.py). Prints
+seeded workload: ``random_near`` (routing/sites/site_select.SiteSelector),
+``nearest_only`` and ``local_only`` (routing/sites/site_baselines.py). Prints
 progress on stderr and one JSON line on stdout: each policy's metrics
 (bench/sites_metrics.py) and the targets of issue 35, random_near against
 nearest_only:
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.sites_sim import POLICIES, SimConfig, simulate
-from routing.site_select import SiteSelectConfig
+from routing.sites.site_select import SiteSelectConfig
 
 TARGET_REDUCTION = 0.30
 KEEP_SLACK = 0.02

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 from bench.sites_geo import City, diurnal, pick, rtt_s
 from bench.sites_metrics import Recorder
-from routing.latency_map import LatencyMap
-from routing.site_policies import SITE_POLICIES, make_selector
-from routing.site_select import SiteSelectConfig, SiteView
+from routing.sites.latency_map import LatencyMap
+from routing.sites.site_policies import SITE_POLICIES, make_selector
+from routing.sites.site_select import SiteSelectConfig, SiteView
 
 POLICIES = SITE_POLICIES
 _TURN, _DONE, _GOSSIP, _PROBE, _DOWN, _UP = range(6)

@@ -148,7 +148,7 @@ class StackProcess:
         import psutil
         import redis
 
-        from routing.redis_state import registry_key
+        from routing.prefix.redis_state import registry_key
 
         raw = redis.Redis.from_url(self.cfg["redis"]["url"]).hget(registry_key(pool), replica)
         host, port = json.loads(raw)["url"].rsplit("/", 1)[1].rsplit(":", 1)

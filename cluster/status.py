@@ -20,7 +20,7 @@ from cluster.launcher import state_file
 from common.processes import pid_alive
 from kvstore import health as kv_health
 from kvstore.spill import dir_usage
-from routing.redis_state import INDEXER_STATS_KEY, Registry, registry_key
+from routing.prefix.redis_state import INDEXER_STATS_KEY, Registry, registry_key
 
 
 @dataclass

@@ -29,7 +29,7 @@ class BatonInfo:
     prefill_cached_tokens: int | None = None
     # Prompt tokens the decode engine did not compute: its own cache or loaded from Mooncake.
     decode_cached_tokens: int = 0
-    # The router's cost (routing/cost.py): predicted seconds until the prompt is computed on
+    # The router's cost (routing/policy/cost.py): predicted seconds until the prompt is computed on
     # the chosen replicas, and on the session's pinned ones (a move's "stay"); None where not priced.
     predicted_s: float | None = None
     stay_s: float | None = None

@@ -48,7 +48,7 @@ from deployments.request_headers import deadline_of, tenant_of, tier_of
 from deployments.request_routing import RequestRouting, Route
 from deployments.response_store import ResponseCapture, input_items
 from deployments.schemas import APIError
-from routing.spill import SpillChooser
+from routing.policy.spill import SpillChooser
 
 logger = logging.getLogger(__name__)
 _ID_PREFIX = {"chat": "chatcmpl", "text": "cmpl", "messages": "msg"}
@@ -275,7 +275,7 @@ class Front:
             raise
 
     def _spill_route(self) -> Route | None:
-        """Colocated: a peer's engine for this request when this one is full (routing/spill.py)."""
+        """Colocated: a peer's engine for this request when this one is full (routing/policy/spill.py)."""
         peer = self.spill.choose(self.engine.running())
         if peer is None or peer not in self.peer_urls:
             return None

@@ -1,6 +1,6 @@
 """The KV index streamed to every front, so a routing decision reads no index from Redis.
 
-The KV indexer writes each drain of engine events to Redis (routing/redis_state.py
+The KV indexer writes each drain of engine events to Redis (routing/prefix/redis_state.py
 `RedisIndex`) and, in the same round trip, publishes the same updates on a Redis
 channel (`FeedWriter`). Each front keeps the index in its own memory
 (`LocalIndex`): it subscribes first, then loads the index Redis holds, then
@@ -23,8 +23,8 @@ import os
 
 import msgspec
 
-from routing.prefix_index import PrefixIndex
-from routing.redis_state import P, RedisIndex
+from routing.prefix.prefix_index import PrefixIndex
+from routing.prefix.redis_state import P, RedisIndex
 
 CHANNEL = f"{P}idx:feed"
 _decode = msgspec.msgpack.Decoder()

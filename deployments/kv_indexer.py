@@ -2,13 +2,13 @@
 
 One Serve replica binds a ZMQ SUB socket that every engine's KV-event
 publisher connects to (topic = replica id), translates each event into Baton's tenant-salted block hashes
-(routing/event_translator.py) and writes them to Redis, where every ingress
+(routing/prefix/event_translator.py) and writes them to Redis, where every ingress
 replica reads them. Blocks an engine saved into Mooncake are recorded under
 the pseudo-replica `STORE_REPLICA` until the engine that saved them reports
 that no store tier holds them (kvstore/holdings.py). A replica whose heartbeat goes stale is removed
 from the index, so the router forgets a dead replica's blocks.
 
-Every batch is applied once and in order (routing/event_sequence.py): a gap in
+Every batch is applied once and in order (routing/prefix/event_sequence.py): a gap in
 an engine's sequence numbers is filled from the engine's replay buffer
 (deployments/event_replay.py); when it cannot be, or the engine restarted,
 the replica's holdings are forgotten rather than kept wrong.
@@ -27,9 +27,9 @@ from common.config import BatonConfig
 from common.constants import STORE_REPLICA
 from deployments.event_replay import replay
 from deployments.index_feed import FeedWriter
-from routing.event_sequence import SequenceTracker, Step, replay_complete
-from routing.event_translator import EventTranslator
-from routing.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key
+from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
+from routing.prefix.event_translator import EventTranslator
+from routing.prefix.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200

@@ -10,7 +10,7 @@ import aiohttp
 import redis
 
 from deployments.metrics import IngressMetrics, merge
-from routing.redis_state import INDEXER_STATS_KEY
+from routing.prefix.redis_state import INDEXER_STATS_KEY
 
 
 async def pool_metrics(metrics: IngressMetrics, replica: str, peers: dict, http: aiohttp.ClientSession,

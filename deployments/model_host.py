@@ -3,7 +3,7 @@
 A replica of a stack with `models:` (common/config/models.py) hosts one
 engine per resident model, each with its own engine-core and worker
 processes, so a model that crashes takes only itself down. What is resident
-is decided by routing/residency.py from recent demand, within
+is decided by routing/policy/residency.py from recent demand, within
 `catalogue.memory_gb`; a request for a cold model wakes it, first evicting
 the least wanted models that have been resident long enough. One swap runs
 at a time. Where vLLM has sleep mode (GPUs; `catalogue.sleep_level`), an
@@ -36,7 +36,7 @@ from common.config import BatonConfig
 from common.config.models import catalogue_models, check_budgets, for_model
 from deployments.schemas import APIError
 from deployments.serving import engine_pids
-from routing.residency import Residency
+from routing.policy.residency import Residency
 
 log = logging.getLogger(__name__)
 FIRST_WAKE_GUESS_S = 10.0  # a model's engine start before one was measured

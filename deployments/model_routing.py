@@ -36,7 +36,7 @@ import json
 import redis
 
 from deployments.request_routing import Route
-from routing.redis_state import pin_key
+from routing.prefix.redis_state import pin_key
 
 
 # How many more unfinished requests a sessionless prompt's replica may have than the least busy

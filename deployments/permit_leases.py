@@ -21,7 +21,7 @@ shrinks by its share). Time is Redis's own clock, so nodes need not agree.
 
 Colocated fronts also publish their engine's internal URL and running
 requests, so a front holding more permits than its own engine should run
-can spill requests to a peer engine with room (routing/spill.py).
+can spill requests to a peer engine with room (routing/policy/spill.py).
 
 When Redis is slow or gone the front keeps serving from its last lease,
 capped at its even share of the pool (``capacity_per_replica``): every front

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from common.config import BatonConfig
-from routing.redis_state import Registry
+from routing.prefix.redis_state import Registry
 
 
 class Readiness:

@@ -1,7 +1,7 @@
 """The front's side of routing: one decision per request, on shared state.
 
 For each request it hashes the prompt's full blocks with the tenant's salt
-(only what the session's last prompt did not have, routing/hash_memo.py),
+(only what the session's last prompt did not have, routing/prefix/hash_memo.py),
 matches them against the KV index in its memory (deployments/index_feed.py)
 and reads the session's pins in one Redis round trip (a session without a
 live pin costs one more: the live sessions per replica that place it). The
@@ -29,13 +29,13 @@ from common.constants import STORE_REPLICA
 from deployments.index_feed import LocalIndex
 from deployments.metrics import IngressMetrics
 from deployments.shared_view import POOLS, SharedView
-from routing import redis_state
-from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
-from routing.hash_memo import HashMemo
-from routing.policy import BatonPolicy, PolicyConfig
-from routing.prefix_index import IndexSnapshot
-from routing.rates import mean_rate, median_rate
-from routing.snapshot import pins_view
+from routing.prefix import redis_state
+from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
+from routing.prefix.hash_memo import HashMemo
+from routing.policy.policy import BatonPolicy, PolicyConfig
+from routing.prefix.prefix_index import IndexSnapshot
+from routing.policy.rates import mean_rate, median_rate
+from routing.prefix.snapshot import pins_view
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Route:
     # Whether the index says the store holds more of the prompt than the prefill engine's own cache.
     prefill_lookup: bool = True
     work: dict = field(default_factory=dict)  # pool -> prefill blocks this request adds to its replica's queue
-    # The cost's predicted wait (routing/cost.py), summed over the pools the request uses: on the
+    # The cost's predicted wait (routing/policy/cost.py), summed over the pools the request uses: on the
     # chosen replicas, and on the session's pinned ones (the chosen where it had none); None
     # where a pool placed it cold, which compares no costs. `moved`: pools whose pin moved.
     predicted_s: float | None = None
@@ -113,7 +113,7 @@ class RequestRouting:
         self.redis = redis_client
         self.registry = redis_state.Registry(redis_client, cfg.routing.replica_timeout_s)
         # Where the engines that compute prompts load prefixes from the pool, the cost prices what
-        # the pool holds as loads, not recompute (routing/cost.py).
+        # the pool holds as loads, not recompute (routing/policy/cost.py).
         pooled = cfg.mooncake.colocated_pool if cfg.colocated else cfg.mooncake.prefix_reuse
         self.policy = BatonPolicy(PolicyConfig(shared_tier=STORE_REPLICA if pooled else None),
                                   rng=random.Random(cfg.routing.seed))
@@ -129,7 +129,7 @@ class RequestRouting:
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
         self._order = asyncio.Lock()
-        self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/hash_memo.py)
+        self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/prefix/hash_memo.py)
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -197,7 +197,7 @@ class RequestRouting:
         bs = self.bs
         # Seconds per token loaded from the store: the store's and the wire's speed, in any pool.
         store_rate = mean_rate((e for p in POOLS for e in state.live[p].values()), "load_s_per_token")
-        pool_rate = median_rate(live.values(), "prefill_s_per_token") * bs  # routing/rates.py
+        pool_rate = median_rate(live.values(), "prefill_s_per_token") * bs  # routing/policy/rates.py
         # Nothing waits where no front has a request in flight: a beat that still shows one waiting
         # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
         running = {n: self._load(pool, n, state) for n in names}

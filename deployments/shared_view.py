@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from routing import redis_state
+from routing.prefix import redis_state
 
 POOLS = ("decode", "prefill")
 RECOUNT_S = 5.0

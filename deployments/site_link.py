@@ -2,12 +2,12 @@
 
 Each front of a site (`sites:` in the config, common/config/sites.py)
 - probes every peer site's `GET /baton/site` every `sites.probe_s`: the
-  round trip goes into its latency map (routing/latency_map.py) and the
+  round trip goes into its latency map (routing/sites/latency_map.py) and the
   answer (the peer's free permits and queue wait) into its view of that
   site; a peer not heard from for `sites.map_ttl_s` drops out of both;
 - answers the same probe for its own site (its admission's permits and
   queue, and its row of the map);
-- before admitting a request, asks the site policy (routing/site_select.py)
+- before admitting a request, asks the site policy (routing/sites/site_select.py)
   where it should run: here, or on a near site with free capacity when
   this one is full and the round trip costs less than the wait here;
 - forwards such a request to the chosen site's public endpoint and streams
@@ -57,9 +57,9 @@ from common.constants import SESSION_HEADER
 from deployments import relay
 from deployments.bodies import read_body
 from deployments.schemas import APIError
-from routing.latency_map import LatencyMap
-from routing.site_policies import SITE_POLICIES, make_selector
-from routing.site_select import SiteDecision, SiteSelectConfig, SiteView
+from routing.sites.latency_map import LatencyMap
+from routing.sites.site_policies import SITE_POLICIES, make_selector
+from routing.sites.site_select import SiteDecision, SiteSelectConfig, SiteView
 
 TOKEN_HEADER = "x-baton-site-token"
 ORIGIN_HEADER = "x-baton-site-origin"

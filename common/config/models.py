@@ -4,7 +4,7 @@
 `models:` lists more. Every model in the catalogue has its own engine
 process on a replica when it is resident; the catalogue's memory budgets may
 add up to more than `catalogue.memory_gb` (overcommit), and only what fits is
-resident at once (routing/residency.py decides which; deployments/model_host.py
+resident at once (routing/policy/residency.py decides which; deployments/model_host.py
 starts and stops the engines).
 """
 
@@ -90,7 +90,7 @@ class CatalogueConfig(_Strict):
         True, description="keep a process with vLLM's engine modules imported, from which cold engines "
         "fork (actors/fast_start.py): a wake then costs seconds, not a Python start")
     cold_nice: int = Field(
-        10, ge=0, le=19, description="CPU engines of resident models outside the hot set (routing/residency.py) "
+        10, ge=0, le=19, description="CPU engines of resident models outside the hot set (routing/policy/residency.py) "
         "run this much below the replica's priority, so the hot models keep the cores while cold "
         "ones are served (re-ranked as demand moves; needs the right to raise a priority back, else off); "
         "0: every engine at the replica's priority")

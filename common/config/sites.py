@@ -5,7 +5,7 @@ With `sites.name` set and `sites.peers` listed, every front of the site
 probes the peers' public endpoints for their round-trip time and free
 capacity (deployments/site_link.py) and, when its own site is full, may run
 a request on a near peer instead of queueing or refusing it
-(routing/site_select.py). Site-to-site calls carry a shared secret, the
+(routing/sites/site_select.py). Site-to-site calls carry a shared secret, the
 site token, which every site of a deployment group holds.
 """
 
@@ -53,7 +53,7 @@ class SitesConfig(_Strict):
         1, ge=0, description="queue places a session's turn may take beyond its tenant's and the total's bounds "
         "at the site that served its previous turn: moved, it would recompute its whole prompt")
     select: dict[str, Any] = Field(default_factory=dict,
-                                   description="routing.site_select.SiteSelectConfig fields (near, backoff, ...)")
+                                   description="routing.sites.site_select.SiteSelectConfig fields (near, backoff, ...)")
 
     @field_validator("name")
     @classmethod

@@ -41,7 +41,7 @@ import urllib.request
 
 import pytest
 
-from routing.redis_state import registry_key
+from routing.prefix.redis_state import registry_key
 from tests.cluster.local_cluster import API_KEY, GCS_PORT, PYTHON, REPO, LocalCluster, port_free
 
 SCALE_TIMEOUT_S = 300

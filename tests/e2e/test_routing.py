@@ -52,7 +52,7 @@ def _wait_idle_beats(stack, timeout_s: float = 15) -> None:
 
     import redis
 
-    from routing.redis_state import registry_key
+    from routing.prefix.redis_state import registry_key
 
     client, since = redis.Redis.from_url(stack.cfg["redis"]["url"]), time.time()
     deadline = time.monotonic() + timeout_s
@@ -134,7 +134,7 @@ def test_every_engine_reports_its_schedulers_load_in_the_registry(stack):
 
     import redis
 
-    from routing.redis_state import registry_key
+    from routing.prefix.redis_state import registry_key
 
     assert chat(stack, prompts.make("load report", 40)).status_code == 200
     r = redis.Redis.from_url(stack.cfg["redis"]["url"])

@@ -28,7 +28,7 @@ import time
 import httpx
 import redis
 
-from routing.redis_state import registry_key
+from routing.prefix.redis_state import registry_key
 from tests.e2e import prompts
 from tests.e2e.test_routing import chat
 

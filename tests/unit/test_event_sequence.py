@@ -1,6 +1,6 @@
 """SequenceTracker: in-order batches apply, gaps replay, restarts forget, overlaps skip."""
 
-from routing.event_sequence import SequenceTracker, Step, replay_complete
+from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
 
 
 def test_in_order_batches_apply():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from routing.block_hash import hash_blocks
-from routing.event_translator import EventTranslator, salt_of
+from routing.prefix.block_hash import hash_blocks
+from routing.prefix.event_translator import EventTranslator, salt_of
 
 BS = 4
 TOKENS = list(range(100, 112))  # three full blocks

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from routing.block_hash import hash_blocks
-from routing.hash_memo import HashMemo
+from routing.prefix.block_hash import hash_blocks
+from routing.prefix.hash_memo import HashMemo
 
 BS = 4
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from routing.block_hash import hash_blocks
-from routing.index_api import FANOUT_CAP, KVIndex
-from routing.prefix_index import PrefixIndex
-from routing.redis_state import RedisIndex
+from routing.prefix.block_hash import hash_blocks
+from routing.prefix.index_api import FANOUT_CAP, KVIndex
+from routing.prefix.prefix_index import PrefixIndex
+from routing.prefix.redis_state import RedisIndex
 
 
 @pytest.fixture(params=["memory", "redis"])

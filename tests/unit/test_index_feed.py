@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from deployments.index_feed import CHANNEL, FeedWriter, LocalIndex
-from routing.prefix_index import PrefixIndex
-from routing.redis_state import RedisIndex
+from routing.prefix.prefix_index import PrefixIndex
+from routing.prefix.redis_state import RedisIndex
 
 
 def _ops(rng: random.Random, n: int) -> list[tuple]:
@@ -114,8 +114,8 @@ def test_a_front_with_the_index_in_memory_predicts_what_one_reading_redis_does(r
     from common.config import BatonConfig
     from deployments.metrics import IngressMetrics
     from deployments.request_routing import RequestRouting
-    from routing.block_hash import hash_blocks
-    from routing.redis_state import Registry
+    from routing.prefix.block_hash import hash_blocks
+    from routing.prefix.redis_state import Registry
 
     for name in ("d1", "d2"):
         Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})

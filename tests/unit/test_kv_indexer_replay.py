@@ -16,7 +16,7 @@ import redis
 from common.config import BatonConfig
 from common.processes import free_ports
 from deployments.kv_indexer import EventLoop
-from routing.redis_state import Registry, registry_key
+from routing.prefix.redis_state import Registry, registry_key
 
 BLOCK = 2
 

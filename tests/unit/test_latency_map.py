@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.latency_map import LatencyMap
+from routing.sites.latency_map import LatencyMap
 
 
 def test_first_probe_sets_then_ewma_smooths():

@@ -1,10 +1,10 @@
-"""Erlang C and the load at which a site of c permits starts to queue (routing/queueing.py)."""
+"""Erlang C and the load at which a site of c permits starts to queue (routing/sites/queueing.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from routing.queueing import busy_at_wait_chance, erlang_c
+from routing.sites.queueing import busy_at_wait_chance, erlang_c
 
 
 def test_busy_at_wait_chance_inverts_erlang_c():

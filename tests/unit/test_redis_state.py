@@ -11,12 +11,12 @@ import pytest
 import redis
 import redis.asyncio
 
-from routing.policy import BatonPolicy
-from routing.prefix_index import PrefixIndex
+from routing.policy.policy import BatonPolicy
+from routing.prefix.prefix_index import PrefixIndex
 from common.config import BatonConfig
-from routing import redis_state
-from routing.redis_state import RedisIndex, Registry
-from routing.snapshot import pins_view
+from routing.prefix import redis_state
+from routing.prefix.redis_state import RedisIndex, Registry
+from routing.prefix.snapshot import pins_view
 
 
 # These tests are about the state fronts share in Redis: their fronts read the index slice from Redis
@@ -124,7 +124,7 @@ def test_policy_runs_unchanged_on_a_snapshot(clients):
     sync, aio = clients
     RedisIndex(sync).apply_stored("warm", [7, 8, 9], None)
     snap = run(aio, lambda c: snapshot(c, [7, 8, 9]))
-    from routing.contracts import ReplicaLoad, RoutingRequest
+    from routing.policy.contracts import ReplicaLoad, RoutingRequest
 
     loads = {"warm": ReplicaLoad(running=1), "cold": ReplicaLoad(running=0)}
     d = BatonPolicy().route(RoutingRequest((7, 8, 9)), loads, snap, pins_view(60, None, None, 0), 0)
@@ -158,7 +158,7 @@ def test_prefill_looks_up_the_store_only_when_the_index_says_it_holds_more(clien
     from common.constants import STORE_REPLICA
     from deployments.metrics import IngressMetrics
     from deployments.request_routing import RequestRouting
-    from routing.block_hash import hash_blocks
+    from routing.prefix.block_hash import hash_blocks
 
     sync, aio = clients
     cfg = REDIS_READS

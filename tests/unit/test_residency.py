@@ -1,4 +1,4 @@
-"""Which models of an overcommitted catalogue are resident: routing/residency.py."""
+"""Which models of an overcommitted catalogue are resident: routing/policy/residency.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from routing.residency import BUSY_RECHECK_S, Plan, Residency
+from routing.policy.residency import BUSY_RECHECK_S, Plan, Residency
 
 
 def pool(capacity: int = 100, min_resident_s: float = 30.0, **budgets: int) -> Residency:

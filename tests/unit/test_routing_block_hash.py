@@ -1,4 +1,4 @@
-from routing.block_hash import hash_blocks, sha256_block_hash
+from routing.prefix.block_hash import hash_blocks, sha256_block_hash
 
 TOKENS = list(range(100, 110))  # 10 tokens: two full blocks of 4, one partial
 
@@ -54,7 +54,7 @@ def test_the_packed_chain_gives_the_per_block_hashes():
     sha256_block_hash's, block by block, whatever the block size, salt and parent."""
     import random
 
-    from routing.block_hash import hash_blocks, sha256_block_hash
+    from routing.prefix.block_hash import hash_blocks, sha256_block_hash
 
     rng = random.Random(0)
     for _ in range(100):

@@ -1,4 +1,4 @@
-"""The routing cost in seconds (routing/cost.py), the engines' fitted rates (routing/rates.py)
+"""The routing cost in seconds (routing/policy/cost.py), the engines' fitted rates (routing/policy/rates.py)
 and the pin decisions the policy makes with them. Pure: time and loads passed in."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from routing.contracts import ReplicaLoad, RoutingRequest
-from routing.cost import Rates, price, worth_moving
-from routing.policy import BatonPolicy, PolicyConfig
-from routing.prefix_index import PrefixIndex
-from routing.rates import StepFit
-from routing.session_pins import SessionPins
+from routing.policy.contracts import ReplicaLoad, RoutingRequest
+from routing.policy.cost import Rates, price, worth_moving
+from routing.policy.policy import BatonPolicy, PolicyConfig
+from routing.prefix.prefix_index import PrefixIndex
+from routing.policy.rates import StepFit
+from routing.prefix.session_pins import SessionPins
 
 BLOCK_S = 0.032  # a CPU engine's measured prefill: 2 ms a token, 16 tokens a block
 CONTEXT = tuple(range(1, 76))  # a session's ~1.2k-token context: 75 blocks
@@ -149,7 +149,7 @@ def test_the_step_fit_leaves_out_the_engines_warm_up_step():
 
 
 def test_a_pool_is_priced_at_its_engines_median_rate():
-    from routing.rates import median_rate
+    from routing.policy.rates import median_rate
 
     beats = [{"prefill_s_per_token": 0.00031}, {"prefill_s_per_token": 0.00006}, {}, {"prefill_s_per_token": None}]
     assert median_rate(beats, "prefill_s_per_token") == pytest.approx((0.00031 + 0.00006) / 2)

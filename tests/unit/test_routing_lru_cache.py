@@ -1,6 +1,6 @@
 import pytest
 
-from routing.lru_cache import LRUBlockCache
+from routing.prefix.lru_cache import LRUBlockCache
 
 
 def test_insert_reports_stored_and_touches_head_last():

@@ -5,8 +5,8 @@ from __future__ import annotations
 from common.config import BatonConfig
 from deployments.metrics import IngressMetrics
 from deployments.request_routing import RequestRouting, _State
-from routing.contracts import RoutingRequest
-from routing.prefix_index import IndexSnapshot
+from routing.policy.contracts import RoutingRequest
+from routing.prefix.prefix_index import IndexSnapshot
 
 LIVE = {"decode": {"a": {}, "b": {}, "c": {}}, "prefill": {}}
 NOBODY = {"decode": {}, "prefill": {}}  # no front has anything in flight
@@ -74,11 +74,11 @@ def test_engines_that_never_loaded_are_priced_at_the_stores_measured_rate():
     sessions never moved have not loaded anything: their pin yields to a queue at that rate
     (16 tokens a block), not at a guess. The route's predicted waits sum its pools'."""
     from deployments.request_routing import Route
-    from routing.contracts import RoutingDecision
+    from routing.policy.contracts import RoutingDecision
 
     live = {"decode": {"d": {"load_s_per_token": 0.0001, "prefill_s_per_token": 0.002}},
             "prefill": {"a": {"prefill_s_per_token": 0.002}, "b": {"prefill_s_per_token": 0.002}}}
-    from routing.rates import mean_rate
+    from routing.policy.rates import mean_rate
 
     assert mean_rate((e for pool in live.values() for e in pool.values()), "load_s_per_token") == 0.0001
     routing = _routing("baton")

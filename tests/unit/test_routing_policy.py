@@ -2,10 +2,10 @@ import random
 
 import pytest
 
-from routing.contracts import ReplicaLoad, RoutingRequest
-from routing.policy import BatonPolicy, PolicyConfig
-from routing.prefix_index import PrefixIndex
-from routing.session_pins import SessionPins
+from routing.policy.contracts import ReplicaLoad, RoutingRequest
+from routing.policy.policy import BatonPolicy, PolicyConfig
+from routing.prefix.prefix_index import PrefixIndex
+from routing.prefix.session_pins import SessionPins
 
 SYSTEM = 100  # block every replica holds, like the trace's shared system prompt
 

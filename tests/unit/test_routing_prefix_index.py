@@ -1,4 +1,4 @@
-from routing.prefix_index import PrefixIndex
+from routing.prefix.prefix_index import PrefixIndex
 
 
 def make_index():

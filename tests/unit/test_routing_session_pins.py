@@ -1,6 +1,6 @@
 import pytest
 
-from routing.session_pins import SessionPins
+from routing.prefix.session_pins import SessionPins
 
 
 def test_pin_and_get():

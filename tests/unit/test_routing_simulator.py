@@ -2,10 +2,10 @@ import random
 
 import pytest
 
-from routing.baselines import GreedyCapped, LeastLoaded, RoundRobin, TextPrefixTree
-from routing.baton_router import BatonRouter
-from routing.simulator import PoolEvent, ServiceModel, simulate, single_cache_hit_ratio
-from routing.trace import TraceRequest, conversation_session
+from routing.policy.baselines import GreedyCapped, LeastLoaded, RoundRobin, TextPrefixTree
+from routing.policy.baton_router import BatonRouter
+from routing.sim.simulator import PoolEvent, ServiceModel, simulate, single_cache_hit_ratio
+from routing.sim.trace import TraceRequest, conversation_session
 
 # Two conversations sharing block 1 and 2, one request with nothing shared.
 TRACE = [
@@ -72,7 +72,7 @@ def test_replica_death_and_addition():
 
 
 def test_service_model_reports_queued_and_running():
-    from routing.simulator import SimReplica
+    from routing.sim.simulator import SimReplica
 
     rep = SimReplica("r", capacity=100, model=ServiceModel(prefill_blocks_per_s=10, decode_tokens_per_s=10))
     rep.serve(TraceRequest(0.0, 0, 10, tuple(range(20))), now=0.0)  # prefill 0..2 s, decode 2..3 s
@@ -89,7 +89,7 @@ def test_conversation_session_uses_the_first_specific_block():
 
 
 def test_stored_events_are_split_into_contiguous_runs():
-    from routing.simulator import _contiguous_runs
+    from routing.sim.simulator import _contiguous_runs
 
     assert _contiguous_runs([1, 2, 3, 4, 5], [2, 3, 5]) == [(1, [2, 3]), (4, [5])]
     assert _contiguous_runs([1, 2], [1, 2]) == [(None, [1, 2])]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routing.spill import SpillChooser
+from routing.policy.spill import SpillChooser
 
 
 def test_own_engine_first_then_the_peer_with_most_room():

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from routing.latency_map import LatencyMap
-from routing.site_baselines import LocalOnly, NearestOnly
-from routing.site_select import SiteDecision, SiteSelectConfig, SiteSelector, SiteView
+from routing.sites.latency_map import LatencyMap
+from routing.sites.site_baselines import LocalOnly, NearestOnly
+from routing.sites.site_select import SiteDecision, SiteSelectConfig, SiteSelector, SiteView
 
 MS = 0.001
 
@@ -265,7 +265,7 @@ def test_nearest_only_tries_only_the_single_nearest_live_neighbour():
 
 
 def test_make_selector_by_name():
-    from routing.site_policies import SITE_POLICIES, make_selector
+    from routing.sites.site_policies import SITE_POLICIES, make_selector
 
     assert isinstance(make_selector("random_near", SiteSelectConfig(near_k=2), random.Random(1)), SiteSelector)
     assert type(make_selector("nearest_only")) is NearestOnly and type(make_selector("local_only")) is LocalOnly

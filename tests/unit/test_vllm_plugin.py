@@ -79,7 +79,7 @@ def test_baton_load_reports_empty_blocks_and_the_fitted_rates():
 
     from vllm.v1.core.block_pool import BlockPool
 
-    from routing.rates import StepFit
+    from routing.policy.rates import StepFit
 
     pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=16)
     sched = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=pool), running=[], waiting=[])

@@ -40,7 +40,7 @@ class ReplicaLoad:
     what places a new session, since each one's context will compete for the
     replica's KV cache turn after turn.
 
-    The cost's inputs (routing/cost.py): ``free_kv_blocks`` is what the
+    The cost's inputs (routing/policy/cost.py): ``free_kv_blocks`` is what the
     replica can store without evicting anything cached;
     ``queued_prefill_blocks`` is the prefill work ahead on it in blocks (None:
     ``pending_blocks`` stands for it, as in the simulator);
@@ -73,7 +73,7 @@ class RoutingDecision:
     ``cached_blocks`` is the leading run of the request's blocks the chosen
     replica holds per the index. ``repinned`` is True when a live session pin
     was moved to another replica by this decision. ``predicted_s`` is the
-    request's predicted wait on the chosen replica (routing/cost.py
+    request's predicted wait on the chosen replica (routing/policy/cost.py
     ``Cost.ttft_s``; None for a cold placement, which compares no costs) and
     ``stay_s`` the same on the pinned replica, where the session had a live
     pin.

@@ -1,13 +1,13 @@
 """The prefix index's interface: one contract, two backends.
 
-`PrefixIndex` (routing/prefix_index.py) keeps the index in this process: the
+`PrefixIndex` (routing/prefix/prefix_index.py) keeps the index in this process: the
 router simulator, the benchmarks and `BatonRouter` use it. `RedisIndex`
-(routing/redis_state.py) keeps it in Redis, where the KV indexer writes it
+(routing/prefix/redis_state.py) keeps it in Redis, where the KV indexer writes it
 and every front reads it. tests/unit/test_index_contract.py runs the same
 tests against both.
 
 Hashes are Baton's chained, tenant-salted block hashes
-(routing/block_hash.py). No Ray, torch or Redis imports here.
+(routing/prefix/block_hash.py). No Ray, torch or Redis imports here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from routing.prefix_index import IndexSnapshot
+    from routing.prefix.prefix_index import IndexSnapshot
 
 FANOUT_CAP = 16  # fan-outs are counted up to this many children
 

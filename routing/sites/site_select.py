@@ -75,9 +75,9 @@ import math
 import random
 from dataclasses import dataclass
 
-from routing.latency_map import LatencyMap
-from routing.site_backoff import Backoff
-from routing.queueing import busy_at_wait_chance
+from routing.sites.latency_map import LatencyMap
+from routing.sites.site_backoff import Backoff
+from routing.sites.queueing import busy_at_wait_chance
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.constants import TRACE_BLOCK_TOKENS
-from routing.block_hash import hash_blocks
+from routing.prefix.block_hash import hash_blocks
 
 
 @dataclass(frozen=True)

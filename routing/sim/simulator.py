@@ -33,10 +33,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from routing.contracts import ReplicaLoad, Router, RoutingRequest
-from routing.lru_cache import LRUBlockCache
+from routing.policy.contracts import ReplicaLoad, Router, RoutingRequest
+from routing.prefix.lru_cache import LRUBlockCache
 from common.constants import TRACE_BLOCK_TOKENS
-from routing.trace import TraceRequest
+from routing.sim.trace import TraceRequest
 
 
 @dataclass(frozen=True)

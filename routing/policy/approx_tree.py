@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.lru_cache import LRUBlockCache
-from routing.prefix_index import PrefixIndex
+from routing.prefix.lru_cache import LRUBlockCache
+from routing.prefix.prefix_index import PrefixIndex
 
 
 class ApproxPrefixTree:

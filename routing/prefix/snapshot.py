@@ -7,12 +7,12 @@ session's pin) in one pipeline, hands the policy these in-memory views, and
 writes the pin back afterwards. The views are the pure classes themselves,
 filled with just that data, so the policy runs unchanged: `IndexSnapshot` (a
 PrefixIndex of one prompt's blocks, defined with PrefixIndex in
-routing/prefix_index.py, which builds it) and `pins_view` here.
+routing/prefix/prefix_index.py, which builds it) and `pins_view` here.
 """
 
 from __future__ import annotations
 
-from routing.session_pins import SessionPins
+from routing.prefix.session_pins import SessionPins
 
 
 def pins_view(ttl_s: float, session: str | None, pinned: str | None, now: float) -> SessionPins:

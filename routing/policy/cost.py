@@ -32,7 +32,7 @@ externality at 75% busy, 2-5; at 32 the conversation-trace targets hold.
 Dynamo's KV router scores `overlap weight × new prefill blocks + active
 blocks`; this is the same shape with both terms in seconds from measured
 rates, plus the evictions a move forces, so a pin's move is one more
-comparison of the same cost (routing/policy.py), not a separate count rule.
+comparison of the same cost (routing/policy/policy.py), not a separate count rule.
 
 Pure logic: the caller passes loads, rates and the index's match.
 """
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.contracts import ReplicaLoad
+from routing.policy.contracts import ReplicaLoad
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def price(n_blocks: int, held: int, credited: int, tier_held: int, load: Replica
 
     ``held``: the leading blocks the candidate holds; ``credited``: leading
     blocks treated as held anyway (a shared head every candidate has or gets
-    cheaply, routing/policy.py step 3); ``tier_held``: the leading blocks the
+    cheaply, routing/policy/policy.py step 3); ``tier_held``: the leading blocks the
     shared tier holds (0 without one). Changes nothing.
     """
     start = min(n_blocks, max(held, credited))

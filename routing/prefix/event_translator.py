@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from routing.block_hash import BlockHashFn, hash_blocks, sha256_block_hash
+from routing.prefix.block_hash import BlockHashFn, hash_blocks, sha256_block_hash
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Backoff from sites that refuse: skipped for a while, longer each refusal in a row.
 
-Pure: no clock (``now`` passed in), no I/O; used by routing/site_select.py.
+Pure: no clock (``now`` passed in), no I/O; used by routing/sites/site_select.py.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@
 #      what sent upstream routers into hot spots and death spirals.
 #   2. Session pin: if the session is pinned to a live replica, price staying
 #      and every other candidate under the bound with one cost in seconds
-#      (routing/cost.py: queue ahead + blocks to compute + blocks to load from
+#      (routing/policy/cost.py: queue ahead + blocks to compute + blocks to load from
 #      the shared tier + the evictions the stored blocks force, at each
 #      engine's measured rates). The pin moves ("moved", re-pinned) only
 #      when a candidate is cheaper than staying by MOVE_MARGIN and
@@ -109,10 +109,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from routing.contracts import ReplicaLoad, RoutingDecision, RoutingRequest, loads_in_blocks, scalar_loads
-from routing.cost import Cost, Rates, price, rates_of, worth_moving
-from routing.prefix_index import PrefixIndex
-from routing.session_pins import SessionPins
+from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest, loads_in_blocks, scalar_loads
+from routing.policy.cost import Cost, Rates, price, rates_of, worth_moving
+from routing.prefix.prefix_index import PrefixIndex
+from routing.prefix.session_pins import SessionPins
 
 
 @dataclass(frozen=True)

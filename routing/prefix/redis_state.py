@@ -13,7 +13,7 @@ Keys (prefix `baton:`):
 - `sessions:{pool}:{replica}` sorted set session -> when it was last routed there
 - `placements:{pool}` counter: one ticket per session placed (fronts take turns by it)
 
-`RedisIndex` is the KVIndex contract (routing/index_api.py) over these keys.
+`RedisIndex` is the KVIndex contract (routing/prefix/index_api.py) over these keys.
 The KV indexer is the only writer of `idx:*`; a front without its own copy of
 the index reads one request's slice (`queue_snapshot`, `snapshot_from`) in the
 same pipeline as the pins, and writes pins with `pin_key`.
@@ -25,8 +25,8 @@ import json
 import time
 from typing import Iterable, Sequence
 
-from routing.index_api import FANOUT_CAP, KVIndex
-from routing.prefix_index import IndexSnapshot
+from routing.prefix.index_api import FANOUT_CAP, KVIndex
+from routing.prefix.prefix_index import IndexSnapshot
 
 P = "baton:"
 INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_indexer.py)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from routing.block_hash import pack_tokens, sha256_packed
+from routing.prefix.block_hash import pack_tokens, sha256_packed
 
 DEFAULT_MAX_TOKENS = 2_000_000  # 16 MB of packed tokens per front
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 
-from routing.contracts import ReplicaLoad, Router, RoutingDecision, RoutingRequest
-from routing.policy import BatonPolicy, PolicyConfig
-from routing.prefix_index import PrefixIndex
-from routing.session_pins import SessionPins
+from routing.policy.contracts import ReplicaLoad, Router, RoutingDecision, RoutingRequest
+from routing.policy.policy import BatonPolicy, PolicyConfig
+from routing.prefix.prefix_index import PrefixIndex
+from routing.prefix.session_pins import SessionPins
 
 
 class BatonRouter(Router):

@@ -9,7 +9,7 @@ line
     step seconds = base + compute × tokens computed + load × tokens loaded
 
 and reports `compute` and `load` per token: the prefill rate and the pool's
-load rate that routing/cost.py prices a candidate with. The same policy is
+load rate that routing/policy/cost.py prices a candidate with. The same policy is
 then right on a slow CPU, a fast CPU and a GPU: nothing is a constant tuned
 on one machine.
 

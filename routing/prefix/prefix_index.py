@@ -16,7 +16,7 @@ O(prompt blocks + replicas holding the first block), independent of how many
 blocks the fleet holds.
 
 ``IndexSnapshot`` is a PrefixIndex holding only one prompt's blocks, as one
-round trip fetched them (routing/redis_state.py) or ``PrefixIndex.snapshot``
+round trip fetched them (routing/prefix/redis_state.py) or ``PrefixIndex.snapshot``
 copied them: what the policy reads for one decision.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from routing.index_api import FANOUT_CAP, KVIndex
+from routing.prefix.index_api import FANOUT_CAP, KVIndex
 
 
 class PrefixIndex(KVIndex):

@@ -15,8 +15,8 @@ off: ``refused`` and ``served`` change nothing. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from routing.latency_map import LatencyMap
-from routing.site_select import SiteDecision, SiteSelectConfig, SiteView, can_queue
+from routing.sites.latency_map import LatencyMap
+from routing.sites.site_select import SiteDecision, SiteSelectConfig, SiteView, can_queue
 
 
 class LocalOnly:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 
-from routing.approx_tree import ApproxPrefixTree
-from routing.contracts import ReplicaLoad, Router, RoutingDecision, RoutingRequest, scalar_loads
-from routing.prefix_index import PrefixIndex
+from routing.policy.approx_tree import ApproxPrefixTree
+from routing.policy.contracts import ReplicaLoad, Router, RoutingDecision, RoutingRequest, scalar_loads
+from routing.prefix.prefix_index import PrefixIndex
 
 
 def live_loads(loads: dict[str, ReplicaLoad]) -> dict[str, float]:

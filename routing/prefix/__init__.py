@@ -1,0 +1,7 @@
+"""The prefix index: which engine holds which KV blocks, and the engines' KV events.
+
+Block hashing and its memo, the KVIndex contract and its in-process and Redis
+implementations, one request's snapshot of shared state, session pins, and the
+translation and sequencing of vLLM's KV events. Pure except ``redis_state``,
+which drives an injected Redis client.
+"""
