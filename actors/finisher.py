@@ -18,7 +18,7 @@ Each answer that reports usage reaches `on_usage(info, usage, tenant, model)`
 once, with the `usage` object as the client receives it (a stream's last
 one), and the tenant and model the front sent in `x-baton-tenant` and
 `x-baton-model`: the usage counters a bill is built on
-(deployments/metrics.py). The front asks vLLM for usage on every stream;
+(deployments/front/metrics.py). The front asks vLLM for usage on every stream;
 `x-baton-hide-usage: 1` says its client did not ask, so the usage-only
 chunk (`"choices":[]`) is counted but not sent, and the chunks that end a
 choice get back the `system_fingerprint` vLLM puts on them only when it
@@ -26,7 +26,7 @@ sends no usage chunk (they are held until that chunk, which follows them).
 
 Stream chunks without `usage` pass through as bytes: only a chunk that
 contains the bytes `"usage":{` is parsed. When the front already streamed
-the prefill engine's first token (deployments/first_token.py), the stream's
+the prefill engine's first token (deployments/front/first_token.py), the stream's
 role event is dropped and usage counts that token as output. The request's `decode` span (and
 `kv_load`, up to the first answer bytes) continues the front's trace.
 """
@@ -122,7 +122,7 @@ def normalize_error(status: int, body: dict) -> dict:
 
 
 def _counted(prompt: int, completion: int, cached: int) -> dict:
-    """Usage in the chat shape the counters read (deployments/metrics.py record_usage)."""
+    """Usage in the chat shape the counters read (deployments/front/metrics.py record_usage)."""
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 

@@ -106,7 +106,7 @@ class EngineApp:
         if eargs.kv_transfer_config is not None:
             eargs.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
         loggers = None
-        # The engine's stats feed vLLM's Prometheus series (deployments/metrics_scrape.py EngineSeries),
+        # The engine's stats feed vLLM's Prometheus series (deployments/front/metrics_scrape.py EngineSeries),
         # without vLLM's log line every 10 s.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         if eargs.speculative_config is not None:  # count acceptance from the engine's stats (actors/spec_stats.py)
@@ -173,7 +173,7 @@ class EngineApp:
         elif kind == "text":
             inputs = await self.state.openai_serving_completion.render_completion_request(
                 CompletionRequest.model_validate(body))
-        else:  # vLLM's own conversion of a Responses or Messages request (deployments/apis.py)
+        else:  # vLLM's own conversion of a Responses or Messages request (deployments/api/apis.py)
             # On a copy: vLLM's validators put their own objects into the dict they check.
             request = request_model(kind).model_validate(json.loads(json.dumps(body)))
             render = self.state.serving_render
@@ -196,7 +196,7 @@ class EngineApp:
         """Computes the prompt's KV, waits until it is saved to Mooncake.
 
         Adds the prompt's full blocks to this engine's prefix cache and to the
-        store. With `sampling` (the request's fields of deployments/first_token.py
+        store. With `sampling` (the request's fields of deployments/front/first_token.py
         SAMPLING), the one token is sampled as the request's first and awaited
         `on_token({"token_id", "text", "finish_reason"})` gets it before the
         saves drain; without, it is greedy and discarded. `lookup=False` skips

@@ -1,7 +1,7 @@
 """What each way of sharing permits across fronts would add to one admission.
 
 Measured for `baton bench reject --paths`, to choose the mechanism of
-deployments/permit_leases.py:
+deployments/admission/permit_leases.py:
 
 - ``redis_per_request``: a Lua acquire and a Lua release on a real
   redis-server on loopback, from an asyncio client, as a front would do
@@ -9,7 +9,7 @@ deployments/permit_leases.py:
 - ``actor_per_request``: an acquire and a release call on one Ray admission
   actor (a local Ray with one CPU), as a front would do with a single
   admission actor;
-- ``lease_renewal``: one renewal of deployments/permit_leases.py (the Lua
+- ``lease_renewal``: one renewal of deployments/admission/permit_leases.py (the Lua
   lease script with the demand of two tenants), which runs every 50 ms in
   the background and never on the request path.
 
@@ -39,7 +39,7 @@ _RELEASE = "return redis.call('DECR', KEYS[1])"
 
 
 async def _redis_paths(url: str, n: int) -> dict:
-    from deployments.permit_leases import PermitLeases
+    from deployments.admission.permit_leases import PermitLeases
 
     client = redis.asyncio.Redis.from_url(url)
     acquire, release = client.register_script(_ACQUIRE), client.register_script(_RELEASE)

@@ -6,8 +6,8 @@ bench/autoscale_traces.py (``diurnal``, ``ramp``, ``spike``, and
 policy: ``reactive`` (deployments/autoscaling.in_flight_policy's rule inside
 Serve's default delays), ``constant`` (the forecast policy with a flat
 forecast), ``holt`` and ``forecast`` (the same policy with Holt's damped trend
-and with the Kalman local linear trend, the default, deployments/forecast.py).
-Capacity comes from the curve file (deployments/capacity.py; ``--curve``,
+and with the Kalman local linear trend, the default, deployments/autoscaling/forecast.py).
+Capacity comes from the curve file (deployments/autoscaling/capacity.py; ``--curve``,
 default the shipped tiny-CPU curve). Unless ``--no-match-cost``, the constant
 predictor runs again with more headroom (its utilization scaled, up to three
 runs) until its replica-seconds are within 2% of the forecast's
@@ -49,7 +49,7 @@ from bench.autoscale_metrics import aggregate
 from bench.autoscale_real import add_arguments, run_real
 from bench.autoscale_sim import POLICIES, SimConfig, simulate
 from bench.autoscale_traces import default_traces
-from deployments.capacity import load_for_config
+from deployments.autoscaling.capacity import load_for_config
 
 MISS_REDUCTION = 0.50
 COST_SLACK = 0.10
@@ -114,7 +114,7 @@ def run_sim(args: argparse.Namespace) -> dict:
         out[name] = {"duration_s": trace.duration_s, "batch_jobs": [list(j) for j in trace.batch_jobs],
                      "policies": policies}
     return {"config": asdict(cfg), "seeds": args.seeds,
-            "curve": args.curve or "deployments/capacity_tiny_cpu.yaml", "traces": out}
+            "curve": args.curve or "deployments/autoscaling/capacity_tiny_cpu.yaml", "traces": out}
 
 
 MODES: dict[str, Callable[[argparse.Namespace], dict]] = {"sim": run_sim, "real": run_real}

@@ -1,7 +1,7 @@
 """`baton bench autoscale --real`'s calibration: one replica's capacity curve, measured with the run's own requests.
 
 The forecast policy turns a forecast rate into replicas through a capacity
-curve (deployments/capacity.py). For the real run that curve must be the one
+curve (deployments/autoscaling/capacity.py). For the real run that curve must be the one
 of the replicas the run scales: the same CPU share (`resources.cpu_quota`,
 common/cpu_slice.py) and the same requests (streamed chats of 300 words,
 about 800 prompt tokens, and 64 out, bench/autoscale_real.py). So before the policies
@@ -11,7 +11,7 @@ prompt's tokens, and the TTFT p90 of those answers are the colocated pool's
 curve, written as a capacity file that both policies' configs name. With
 TTFTs in the curve, the policy sizes a replica by the largest batch whose
 first tokens come within its share of the SLO, not by the time of a whole
-answer (deployments/capacity.py). The ramp's rates are then set from what one
+answer (deployments/autoscaling/capacity.py). The ramp's rates are then set from what one
 replica is planned to carry by that curve (`planned_rps`), so the top of the
 ramp needs more replicas than one by the policy's own sizing.
 """
@@ -30,8 +30,8 @@ import yaml
 
 from bench.stack import StackProcess, write_config
 from common.stats import percentile
-from deployments.capacity import PoolCurve
-from deployments.scale_policy import PolicyParams, PoolSizer
+from deployments.autoscaling.capacity import PoolCurve
+from deployments.autoscaling.scale_policy import PolicyParams, PoolSizer
 
 BATCHES = (1, 2, 4, 8)
 WARMUP_S = 4.0

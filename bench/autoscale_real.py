@@ -55,7 +55,7 @@ from bench.stack import StackProcess, bench_workdir, write_config
 from cluster import loopback
 from common import cpu_slice
 from common.constants import REPO_ROOT
-from deployments.scale_policy import PolicyParams
+from deployments.autoscaling.scale_policy import PolicyParams
 
 PUSH_ENV = "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"
 REPLICA_CPU = 0.5  # cores per replica: three take 1.5 of 2, the client and Ray's daemons the rest

@@ -1,5 +1,5 @@
 """Simulator of a disaggregated Baton app under autoscaling, replaying a rate trace
-through the same policy objects Serve runs (deployments/scale_policy.py).
+through the same policy objects Serve runs (deployments/autoscaling/scale_policy.py).
 
 Time is passed in: the loop advances `dt_s` at a time, no clock, no Ray.
 
@@ -12,7 +12,7 @@ submission time.
 
 Pools: prefill, then decode. A replica runs up to its curve's largest batch
 at once; each of its `b` requests advances at tokens_per_s(b) / b (the
-capacity curve, deployments/capacity.py), so batching raises throughput and
+capacity curve, deployments/autoscaling/capacity.py), so batching raises throughput and
 slows each request, as continuous batching does. Queued requests go to the
 ready replica running the fewest (interactive before batch). A replica asked
 for serves after `engine_start_s`; a replica let go takes no new work and
@@ -48,8 +48,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bench.autoscale_traces import Trace
-from deployments.capacity import CapacityFile
-from deployments.scale_policy import AppPolicy, ForecastPolicy, PolicyParams, ReactivePolicy, Signals
+from deployments.autoscaling.capacity import CapacityFile
+from deployments.autoscaling.scale_policy import AppPolicy, ForecastPolicy, PolicyParams, ReactivePolicy, Signals
 
 POLICIES = ("reactive", "constant", "holt", "forecast")
 FORECASTER = {"constant": "constant", "holt": "holt", "forecast": "kalman"}

@@ -1,6 +1,6 @@
 """Calibration: tokens/s per replica against batch size, per pool, from a running stack.
 
-Writes the capacity curve file of deployments/capacity.py, to be stored beside
+Writes the capacity curve file of deployments/autoscaling/capacity.py, to be stored beside
 the config (`<config stem>.capacity.yaml`), which the forecast autoscaling
 policy reads. Needs a stack serving at `--url` (`baton up` or a cluster); it
 starts nothing. For each batch size b of `--batches` (1 2 4 8) it keeps b
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     doc = asyncio.run(calibrate(args))
     if args.out is not None:
-        from deployments.capacity import CapacityFile
+        from deployments.autoscaling.capacity import CapacityFile
 
         CapacityFile.model_validate(doc)  # what the loader will accept
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, traffic = asyncio.run(_run(rig, lengths, args.reps))
     finally:
         rig.close()
-    from deployments.metrics import kv_bytes_per_token
+    from deployments.front.metrics import kv_bytes_per_token
 
     summary = _summary(rows, kv_bytes_per_token(model, cfg.model.dtype))
     result = {"model": args.model, "reps": args.reps, "shm_reads": not args.no_shm,

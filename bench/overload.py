@@ -38,7 +38,7 @@ from bench.stack import StackProcess, bench_workdir, write_config
 from common.constants import CORPUS, REPO_ROOT
 from common.progress import Progress
 from deployments.admission import max_min_fair_share
-from deployments.api_keys import hash_key
+from deployments.api.api_keys import hash_key
 
 KEYS = {"heavy": "key-heavy", "light": "key-light"}
 SHARES = {"heavy": 10 / 11, "light": 1 / 11}

@@ -28,14 +28,14 @@ import aiohttp
 import psutil
 
 from common.config import AdmissionConfig, BatonConfig
-from deployments.api_keys import KeyTable, hash_key
+from deployments.api.api_keys import KeyTable, hash_key
 from bench.stack import bench_workdir
 from common.processes import ManagedProcess, free_ports
 from common.stats import percentile
 from deployments.admission import Admission, AsyncAdmission
-from deployments.apis import APIS
-from deployments.front import Front
-from deployments.metrics import IngressMetrics
+from deployments.api.apis import APIS
+from deployments.front.front import Front
+from deployments.front.metrics import IngressMetrics
 
 PATH = "/v1/chat/completions"
 KEY = "key-bench"

@@ -4,9 +4,9 @@ Two figures, each on the real code and a real redis-server (started here, on
 127.0.0.1, without persistence):
 
 1. ``routing``: one routing decision is ``RequestRouting.route`` of
-   deployments/request_routing.py, exactly what a front awaits per request:
+   deployments/front/request_routing.py, exactly what a front awaits per request:
    tenant-salted block hashing, the pipelined Redis read (pins; the index slice
-   only without the front's own copy of the index, deployments/index_feed.py;
+   only without the front's own copy of the index, deployments/kv_index/index_feed.py;
    the registry and the fronts' counts only when its shared view is stale),
    the placement script for a session without a pin, the policy and the pin
    writes it queues without waiting. Redis holds ``replicas`` colocated replicas
@@ -19,7 +19,7 @@ Two figures, each on the real code and a real redis-server (started here, on
 2. ``indexer``: ``engines`` simulated engines publish vLLM KV events through
    vLLM's own ``ZmqEventPublisher`` (one per engine, topic = replica, with a
    replay socket) from a child process, to the real KV indexer
-   (``deployments/kv_indexer.EventLoop``, its Serve wrapper aside). Each
+   (``deployments/kv_index/kv_indexer.EventLoop``, its Serve wrapper aside). Each
    engine steps every ``step_ms`` and per step stores the blocks a chat
    workload at 70% of an H100 would (``engine_rates``: GpuProfile prefill and
    decode times; 1k new prompt tokens and 256 output tokens per request at
@@ -184,8 +184,8 @@ async def _decide(routing, items: list, n: int, progress: bool, start: int = 0) 
 
 
 def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions: int, progress: bool) -> dict:
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync = cfg.redis.client()
     places, loaded = [0], [0.0]
@@ -319,7 +319,7 @@ def _publisher_main(spec: dict, out) -> None:
 
 
 def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, progress: bool) -> dict:
-    from deployments.kv_indexer import EventLoop
+    from deployments.kv_index.kv_indexer import EventLoop
 
     profile = GpuProfile.load()
     rates = engine_rates(profile, busy)

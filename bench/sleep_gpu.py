@@ -2,7 +2,7 @@
 
     python -m bench.sleep_gpu OUT_DIR [--level 1]
 
-Runs deployments/model_host.py's ModelHost in this process, without Ray or
+Runs deployments/catalogue/model_host.py's ModelHost in this process, without Ray or
 the rest of the stack (the device machines lent to sessions have a GPU and
 no network, so only vLLM and its Python dependencies travel there): two
 generated models of the `gpu` size (cluster/default_model/tiny_model.py), room for one.
@@ -92,7 +92,7 @@ async def ask(host, model: str) -> tuple[float, str, int]:
 
 
 async def host_run(cfg, out: dict, save) -> None:
-    from deployments.model_host import ModelHost
+    from deployments.catalogue.model_host import ModelHost
 
     host = ModelHost(cfg, "gpu-replica")
     t0 = time.monotonic()

@@ -25,7 +25,7 @@ def cmd_up(args) -> int:
     from cluster.deploy import autoscaling_overrides
     from cluster.launcher import LocalStack, state_file
     from common import cpu_slice
-    from deployments import site_link
+    from deployments.sites import site_link
 
     cfg, source = _load(args)
     engine_args.validate(cfg, source)
@@ -123,8 +123,8 @@ def cmd_model(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    """API keys kept in Redis (deployments/api_keys.py); fronts see a change within a second or two."""
-    from deployments import api_keys
+    """API keys kept in Redis (deployments/api/api_keys.py); fronts see a change within a second or two."""
+    from deployments.api import api_keys
 
     if args.action != "list" and not args.value:
         print(f"baton keys {args.action}: needs a {'tenant' if args.action == 'add' else 'key'}", file=sys.stderr)

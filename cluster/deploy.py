@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from cluster.rollout import rollout
-from deployments import autoscaling
+from deployments.autoscaling import autoscaling
 from common.config import BatonConfig, ConfigError, PoolConfig, load_config
 from common.constants import RAY_NAMESPACE
 from common.listeners import is_loopback
@@ -88,7 +88,7 @@ def pool_autoscaling(pool: PoolConfig, name: str, kind: str | None = None,
 
     Reads `pool.autoscaling` (a pydantic model or a mapping) if the config has
     one. `replicas` becomes Serve's `initial_replicas`, clamped to the bounds.
-    With `forecast`, the pool gets the forecast policy (deployments/autoscaling.py)
+    With `forecast`, the pool gets the forecast policy (deployments/autoscaling/autoscaling.py)
     for `kind` (prefill, decode or colocated; default `name`), its capacity curve
     read beside `config_path` or from `forecast.capacity_file`.
     Raises ConfigError naming the field.
@@ -131,7 +131,7 @@ def _forecast_section(name: str, raw, config_path):
     from pydantic import ValidationError
 
     from common.config.autoscale import ForecastAutoscaling
-    from deployments import capacity
+    from deployments.autoscaling import capacity
 
     try:
         forecast = ForecastAutoscaling.model_validate(raw)

@@ -4,7 +4,7 @@ Each pool is its own deployment of `EngineReplica` with its own replica count
 and Ray resources, so on a cluster its replicas land on the node types that
 advertise those resources. There is no Serve HTTP proxy and no ingress
 deployment: decode replicas serve the public port themselves
-(deployments/front.py). The decode pool is the application's root; the
+(deployments/front/front.py). The decode pool is the application's root; the
 prefill pool and the KV indexer are bound to it only so that Serve deploys
 them with it.
 """
@@ -19,9 +19,9 @@ from ray.serve import Application
 from actors.vllm_plugin import FIT_ENV, SPIN_ENV
 from common.engine_threads import THREAD_KEYS
 from common.config import BatonConfig, PoolConfig
-from deployments.kv_indexer import KVIndexer
+from deployments.kv_index.kv_indexer import KVIndexer
 from deployments.replica import EngineReplica
-from deployments.runtime_envs import with_uploaded_envs
+from deployments.catalogue.runtime_envs import with_uploaded_envs
 
 
 def _engine_env(mooncake_config: Path | None) -> dict[str, str]:

@@ -8,7 +8,7 @@ and vLLM's OpenAI app (actors/openai_app.py) and serves:
 - an internal server on `serve.internal_host` (a free port): vLLM's app
   behind the Finisher, for requests another replica's front forwards here,
   plus `POST /baton/prefill` on prefill replicas;
-- on decode and colocated replicas, the public front (deployments/front.py)
+- on decode and colocated replicas, the public front (deployments/front/front.py)
   on `serve.host:serve.port`, bound with SO_REUSEPORT so every replica of a
   node shares it.
 
@@ -32,7 +32,7 @@ from actors.openai_app import EngineApp
 from common import core_fence, cpu_slice, tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
-from deployments.autoscaling import SignalMeter
+from deployments.autoscaling.autoscaling import SignalMeter
 from deployments.serving import listen_socket, serve_asgi
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class EngineReplica:
                                f"({self.pool}.start_timeout_s); Serve replaces this replica") from None
 
     async def _start(self) -> None:
-        from deployments.internal import internal_app
+        from deployments.front.internal import internal_app
         import aiohttp
 
         core_fence.unfence()  # Ray may have started this process on the stack's fenced CPUs
@@ -95,8 +95,8 @@ class EngineReplica:
             self.cpu_slice = cpu_slice.CpuSlice(f"replica-{self.replica}")
             self.cpu_slice.limit(quota)
             self.cpu_slice.join()
-        if self.cfg.models:  # a catalogue: one engine per resident model (deployments/model_host.py)
-            from deployments.model_host import ModelHost
+        if self.cfg.models:  # a catalogue: one engine per resident model (deployments/catalogue/model_host.py)
+            from deployments.catalogue.model_host import ModelHost
 
             self.engine = ModelHost(self.cfg, self.replica, _internal_host(self.cfg.serve.internal_host))
         else:
@@ -145,14 +145,14 @@ class EngineReplica:
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""
         from deployments.admission import Admission, AsyncAdmission
-        from deployments.api_keys import KeyStore
-        from deployments.front import Front
-        from deployments.metrics import IngressMetrics, kv_bytes_per_token
-        from deployments.permit_leases import PermitLeases
-        from deployments.readiness import Readiness
-        from deployments.request_routing import RequestRouting
+        from deployments.api.api_keys import KeyStore
+        from deployments.front.front import Front
+        from deployments.front.metrics import IngressMetrics, kv_bytes_per_token
+        from deployments.admission.permit_leases import PermitLeases
+        from deployments.front.readiness import Readiness
+        from deployments.front.request_routing import RequestRouting
 
-        from deployments.metrics_scrape import EngineSeries
+        from deployments.front.metrics_scrape import EngineSeries
 
         # Permits per replica: unset, the engine's own limit on a GPU (common/config/admission.py).
         self.cfg = self.cfg.model_copy(update={
@@ -173,7 +173,7 @@ class EngineReplica:
         client = self.cfg.redis.client(asynchronous=True, reconnect=True, socket_timeout=5)
         routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
         # Any front may send to any decode replica's engine, so the fronts lease
-        # the pool's permits from Redis (deployments/permit_leases.py).
+        # the pool's permits from Redis (deployments/admission/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
         readiness = Readiness(self.cfg, client, self.engine)
         self.keys = KeyStore(self.cfg.serve.api_keys, client)
@@ -190,24 +190,24 @@ class EngineReplica:
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self.engine.running) if colocated else None,
                                    on_peers=front.spill_view if colocated else None)
-        if self.cfg.models:  # which replica runs a catalogue request (deployments/model_routing.py)
-            from deployments.model_routing import ModelRouting
+        if self.cfg.models:  # which replica runs a catalogue request (deployments/catalogue/model_routing.py)
+            from deployments.catalogue.model_routing import ModelRouting
 
             front.model_routing = ModelRouting(self.replica, front.peers, client, self.cfg.routing.pin_ttl_s)
         self._stored_apis(front, gate, client)
-        if self.cfg.sites.enabled:  # routing across sites (deployments/site_link.py)
-            from deployments.site_link import SiteLink
+        if self.cfg.sites.enabled:  # routing across sites (deployments/sites/site_link.py)
+            from deployments.sites.site_link import SiteLink
 
             front.sites = SiteLink(self.cfg, gate, self.http, metrics)
         return front
 
     def _stored_apis(self, front, gate, client) -> None:
         """The APIs whose state is in Redis: batches (their lines run by every front) and stored responses."""
-        from deployments.batch_api import BatchAPI
-        from deployments.batch_runner import BatchRunner
-        from deployments.batch_store import BatchStore
-        from deployments.response_store import ResponseStore
-        from deployments.responses_api import ResponsesAPI
+        from deployments.batch.batch_api import BatchAPI
+        from deployments.batch.batch_runner import BatchRunner
+        from deployments.batch.batch_store import BatchStore
+        from deployments.api.response_store import ResponseStore
+        from deployments.api.responses_api import ResponsesAPI
 
         r = self.cfg.responses
         front.responses = ResponsesAPI(ResponseStore(client, r.store_ttl_s, r.max_stored_bytes))
@@ -234,7 +234,7 @@ class EngineReplica:
         return counted
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metrics (deployments/autoscaling.py): in flight, arrivals,
+        """Serve's custom autoscaling metrics (deployments/autoscaling/autoscaling.py): in flight, arrivals,
         the front's interval means and the batch work its Batch API runner holds. Moves the meter's
         interval baseline."""
         return self.signals.report(time.monotonic(), self.in_flight, self.metrics,

@@ -2,8 +2,8 @@
 
 `listen_socket` and `serve_asgi` put an app on a port (a replica's front and
 internal app, deployments/replica.py; a catalogue model's vLLM app inside its
-actor, deployments/model_actor.py); `engine_pids` lists an engine's processes
-(the ModelHost ranks and reports them, deployments/model_host.py).
+actor, deployments/catalogue/model_actor.py); `engine_pids` lists an engine's processes
+(the ModelHost ranks and reports them, deployments/catalogue/model_host.py).
 """
 
 from __future__ import annotations

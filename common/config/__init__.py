@@ -265,7 +265,7 @@ class RoutingConfig(_Strict):
     shared_state_ms: float = Field(25, ge=0, description="a front reuses the registry and every front's "
                                    "in-flight counts for this long, refreshed off the request path; 0: read per request")
     local_index: bool = Field(True, description="each front keeps the KV index in memory, fed by the indexer "
-                              "through Redis (deployments/index_feed.py); false: read a request's slice from Redis")
+                              "through Redis (deployments/kv_index/index_feed.py); false: read a request's slice from Redis")
     colocated_router: bool = Field(True, description="colocated with more than one replica (or autoscaling beyond "
         "one): each front sends a request to the replica whose cache holds its longest prefix (engines publish KV "
         "events to the KV indexer); false: a request runs where the kernel put its connection, or on a peer when "
@@ -273,7 +273,7 @@ class RoutingConfig(_Strict):
     prefill_first_token: bool = Field(
         True, description="disaggregated: a plain streamed chat request's first token is the one the "
         "prefill engine samples, streamed before the KV moves; decode continues after it "
-        "(deployments/first_token.py says which requests qualify)"
+        "(deployments/front/first_token.py says which requests qualify)"
     )
 
 

@@ -2,8 +2,8 @@
 
 Absent (null), a pool with `autoscaling` keeps the reactive in-flight policy
 (deployments/autoscaling.in_flight_policy). Present, `baton deploy` gives the
-pool Serve's forecast policy (deployments/scale_policy.py through
-deployments/autoscaling.py) with these settings, Serve's own up/downscale
+pool Serve's forecast policy (deployments/autoscaling/scale_policy.py through
+deployments/autoscaling/autoscaling.py) with these settings, Serve's own up/downscale
 delays set to 0 (the policy's guard rails replace them). With `app_level` on
 both pools (disaggregated), prefill and decode are decided together by one
 application-level policy; the decode pool's section then holds the settings.
@@ -13,7 +13,7 @@ Serve takes an application-level policy only from a config deploy, not from
 
 The capacity curve is read from `capacity_file`, else from
 `<config stem>.capacity.yaml` beside the config file, else the shipped curve
-of the default tiny CPU model (deployments/capacity.py). A pool whose curve
+of the default tiny CPU model (deployments/autoscaling/capacity.py). A pool whose curve
 has no points is sized by its `target_ongoing_requests` on a forecast of its
 in-flight count.
 """
@@ -66,7 +66,7 @@ class ForecastAutoscaling(_Strict):
     )
 
     def policy_params(self) -> dict:
-        """The fields deployments.scale_policy.PolicyParams takes (JSON-serialisable)."""
+        """The fields deployments.autoscaling.scale_policy.PolicyParams takes (JSON-serialisable)."""
         return self.model_dump(exclude={"app_level", "capacity_file"})
 
 
@@ -77,7 +77,7 @@ class AutoscalingSection(_Strict):
         8, gt=0, description="requests in flight per replica that Serve steers towards"
     )
     forecast: ForecastAutoscaling | None = Field(
-        None, description="scale ahead of a forecast of the pool's load (deployments/scale_policy.py); "
+        None, description="scale ahead of a forecast of the pool's load (deployments/autoscaling/scale_policy.py); "
         "null: the reactive policy, in-flight requests / target_ongoing_requests"
     )
 

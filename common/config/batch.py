@@ -21,7 +21,7 @@ class BatchConfig(_Strict):
 
 
 class ResponsesConfig(_Strict):
-    """The Responses API's stored responses (deployments/response_store.py)."""
+    """The Responses API's stored responses (deployments/api/response_store.py)."""
 
     store_ttl_s: int = Field(30 * 86400, gt=0, description="how long a stored response (`store: true`, the "
                              "default) can be read or chained with previous_response_id")

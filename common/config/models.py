@@ -4,7 +4,7 @@
 `models:` lists more. Every model in the catalogue has its own engine
 process on a replica when it is resident; the catalogue's memory budgets may
 add up to more than `catalogue.memory_gb` (overcommit), and only what fits is
-resident at once (routing/policy/residency.py decides which; deployments/model_host.py
+resident at once (routing/policy/residency.py decides which; deployments/catalogue/model_host.py
 starts and stops the engines).
 """
 
@@ -43,7 +43,7 @@ class CatalogueModel(_Strict):
                                         description="extra vLLM AsyncEngineArgs for this model's engines")
     runtime_env: dict[str, Any] | None = Field(
         None, description="Ray runtime_env of this model's engine (py_modules, pip, env_vars, ...): the model "
-        "then runs in its own Ray actor and environment (deployments/model_actor.py); null: the replica's")
+        "then runs in its own Ray actor and environment (deployments/catalogue/model_actor.py); null: the replica's")
 
     @field_validator("runtime_env")
     @classmethod

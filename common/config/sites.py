@@ -3,7 +3,7 @@
 A site is one Baton deployment: its own Redis, Ray, pools and public front.
 With `sites.name` set and `sites.peers` listed, every front of the site
 probes the peers' public endpoints for their round-trip time and free
-capacity (deployments/site_link.py) and, when its own site is full, may run
+capacity (deployments/sites/site_link.py) and, when its own site is full, may run
 a request on a near peer instead of queueing or refusing it
 (routing/sites/site_select.py). Site-to-site calls carry a shared secret, the
 site token, which every site of a deployment group holds.

@@ -10,6 +10,7 @@ shell. Every shed request is a 429 with ``Retry-After``, never a 5xx.
 * ``admission``       Admission: permits + queue + counters; Ticket lifecycle
 * ``async_admission`` AsyncAdmission, Permit, Shed
 * ``simulate``        simulate_overload: deterministic overload runs
+* ``permit_leases``   engine permits shared by every front through Redis leases (not re-exported)
 """
 
 from .admission import Admission

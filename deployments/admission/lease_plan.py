@@ -15,7 +15,7 @@ other front's. From that one view each front computes the same plan:
    requests gets at least one permit while another front has several.
 
 The plan only steers: fronts lease toward their target from the shared
-store, which never grants more than the pool (deployments/permit_leases.py).
+store, which never grants more than the pool (deployments/admission/permit_leases.py).
 Pure: no clock, no I/O.
 """
 

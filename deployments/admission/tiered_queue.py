@@ -124,7 +124,7 @@ class TieredQueue(Generic[T]):
         """Queue ``item`` for ``tenant`` in ``tier`` (``deadline`` is absolute time).
 
         ``extra``: places it may take beyond both bounds (a session's turn at
-        the site that holds its prefix, deployments/site_link.py); where it
+        the site that holds its prefix, deployments/sites/site_link.py); where it
         finds the queue full even so, the push-out rule applies as to any.
         Changes the queue on Admit (and removes the displaced items, from this
         tier or a lower one); a Reject changes nothing.

@@ -1,7 +1,7 @@
 """The engine-reaching APIs of the public front, and what differs between them.
 
 Chat completions, completions, OpenAI's Responses and Anthropic's Messages
-all take one request path in the front (deployments/front.py): auth and
+all take one request path in the front (deployments/front/front.py): auth and
 tenant, body limit, strict schema, admission, the tenant's `cache_salt`,
 routing with affinity and the disaggregated prefill, usage. Only the body's
 schema, its error shape and how its prompt is rendered differ; rendering and
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from actors.openai_app import request_model
-from deployments import schemas
-from deployments.schemas import APIError
+from deployments.api import schemas
+from deployments.api.schemas import APIError
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
 
@@ -52,7 +52,7 @@ APIS = {a.path: a for a in (
 # engine step, no tenant data) or refused (404).
 ENGINE_ROUTES: dict[tuple[str, str], str] = {
     **{("POST", p): "pipeline" for p in APIS},
-    ("GET", "/v1/responses/{response_id}"): "front",  # Baton's response store (deployments/response_store.py)
+    ("GET", "/v1/responses/{response_id}"): "front",  # Baton's response store (deployments/api/response_store.py)
     ("POST", "/v1/responses/{response_id}/cancel"): "front",
     ("GET", "/health"): "front", ("GET", "/metrics"): "front", ("GET", "/openapi.json"): "front",
     ("GET", "/v1/models"): "local", ("POST", "/tokenize"): "local", ("POST", "/detokenize"): "local",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from actors.finisher import header
-from deployments.schemas import APIError
+from deployments.api.schemas import APIError
 
 DRAIN_FACTOR = 4  # an oversized body is read and dropped up to this many times the limit
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from actors.finisher import header
 from common.constants import DEADLINE_HEADER, TIER_HEADER
-from deployments.schemas import APIError
+from deployments.api.schemas import APIError
 
 
 def tenant_of(scope, serve, keys) -> str:
-    """The request's tenant, from its API key (deployments/api_keys.py `keys`); 401 if the key is wrong,
+    """The request's tenant, from its API key (deployments/api/api_keys.py `keys`); 401 if the key is wrong,
     or missing where `serve.require_api_key`. With no keys issued and none required, any key is anonymous."""
     auth = header(scope["headers"], b"authorization")
     # Anthropic's clients send their key as `x-api-key`.

@@ -3,7 +3,7 @@
 A new response gets its id here (vLLM answers with the request's
 `request_id`), so its chain's session key is known before it is routed. A
 request with `previous_response_id` is made stateless from the tenant's
-stored conversation (deployments/response_store.py), and is routed with the
+stored conversation (deployments/api/response_store.py), and is routed with the
 chain's session key, so it runs where its prefix is cached. The answer the
 client received is stored once it completed.
 """
@@ -14,9 +14,9 @@ import uuid
 
 import redis
 
-from deployments.bodies import respond
-from deployments.response_store import KEPT_STATUSES, ResponseStore, chained
-from deployments.schemas import APIError
+from deployments.api.bodies import respond
+from deployments.api.response_store import KEPT_STATUSES, ResponseStore, chained
+from deployments.api.schemas import APIError
 
 
 def _unavailable() -> APIError:

@@ -1,5 +1,5 @@
 """Serve autoscaling on what the replicas really carry: the reactive in-flight policy,
-and the forecast policy of deployments/scale_policy.py at pool or application level.
+and the forecast policy of deployments/autoscaling/scale_policy.py at pool or application level.
 
 Requests reach engine replicas over their own HTTP servers, never through a
 Serve handle, so Serve's built-in count of ongoing requests stays at zero.
@@ -51,9 +51,9 @@ ARRIVALS = "arrivals"
 PROMPT_TOKENS, PREFIX_HIT, OUTPUT_TOKENS = "prompt_tokens", "prefix_hit", "output_tokens"
 QUEUE_WAIT, PERMITS = "queue_wait_s", "permits_in_use"
 BATCH_PROMPT, BATCH_OUTPUT, BATCH_DUE = "batch_prompt_tokens", "batch_output_tokens", "batch_due_s"
-POLICY = "deployments.autoscaling:in_flight_policy"
-FORECAST_POLICY = "deployments.autoscaling:PoolForecastPolicy"
-APP_POLICY = "deployments.autoscaling:AppForecastPolicy"
+POLICY = "deployments.autoscaling.autoscaling:in_flight_policy"
+FORECAST_POLICY = "deployments.autoscaling.autoscaling:PoolForecastPolicy"
+APP_POLICY = "deployments.autoscaling.autoscaling:AppForecastPolicy"
 PUBLIC_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted where clients send them
 PREFILL_PATH = "/baton/prefill"
 
@@ -137,7 +137,7 @@ def _interval_means(before: dict[str, float], after: dict[str, float]) -> dict[s
 def signals_from(ctx, kind: str):
     """A scale_policy.Signals from a Serve AutoscalingContext; `kind` is the pool's
     (prefill, decode or colocated) for the unit of its batch work."""
-    from deployments.scale_policy import Signals
+    from deployments.autoscaling.scale_policy import Signals
 
     agg = ctx.aggregated_metrics or {}
     raw = ctx.raw_metrics or {}
@@ -161,8 +161,8 @@ def signals_from(ctx, kind: str):
 
 
 def _pool_policy(kind: str, curve: dict | None, params: dict):
-    from deployments.capacity import PoolCurve
-    from deployments.scale_policy import ForecastPolicy, PolicyParams
+    from deployments.autoscaling.capacity import PoolCurve
+    from deployments.autoscaling.scale_policy import ForecastPolicy, PolicyParams
 
     return ForecastPolicy(kind, PoolCurve.model_validate(curve or {}), PolicyParams(**params))
 
@@ -219,7 +219,7 @@ class AppForecastPolicy:
     (decode). Deployments not listed are left to Serve."""
 
     def __init__(self, pools: dict[str, dict] | None = None, lead: str = "decode") -> None:
-        from deployments.scale_policy import AppPolicy
+        from deployments.autoscaling.scale_policy import AppPolicy
 
         pools = pools or {"decode": {"kind": "decode"}}
         self.kinds = {name: spec.get("kind", name) for name, spec in pools.items()}

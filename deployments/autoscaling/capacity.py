@@ -4,7 +4,7 @@ A curve file is YAML (or JSON) stored beside the Baton config it belongs to:
 `<config stem>.capacity.yaml` next to `<config stem>.yaml`. `bench/capacity_curve.py`
 writes one from a short calibration run against a running stack. Without one,
 `load_for_config` returns the curve shipped for the default tiny CPU model
-(deployments/capacity_tiny_cpu.yaml), whose numbers are derived from measured
+(deployments/autoscaling/capacity_tiny_cpu.yaml), whose numbers are derived from measured
 `baton bench serve` figures; a file with no points for a pool makes callers
 fall back to `target_ongoing_requests`.
 

@@ -1,10 +1,10 @@
 """Forecast-based replica counts per pool, with guard rails; the same objects run inside
-Serve's autoscaling (deployments/autoscaling.py) and in the simulator (bench/autoscale_sim.py).
+Serve's autoscaling (deployments/autoscaling/autoscaling.py) and in the simulator (bench/autoscale_sim.py).
 
 Each decision gets the pool's `Signals` (what the replicas report, time passed in)
 and the replica count Serve is steering to, and returns the count it wants:
 
-1. Forecast. One forecaster (deployments/forecast.py) follows the interactive
+1. Forecast. One forecaster (deployments/autoscaling/forecast.py) follows the interactive
    request arrival rate, from the replicas' cumulative counters (`RateMeter`:
    fresh, non-overlapping intervals) or else from a reported rate. A replica
    asked for now serves only after the horizon
@@ -16,7 +16,7 @@ and the replica count Serve is steering to, and returns the count it wants:
    decode. Each replica is planned at `utilization` of its throughput at the
    pool's target batch: the largest batch whose per-request service of the
    mean request takes at most `service_fraction` of the TTFT SLO, the rest
-   left for queueing (deployments/capacity.py; re-planned as the reported
+   left for queueing (deployments/autoscaling/capacity.py; re-planned as the reported
    lengths change). With no curve, or no arrival signal, the policy forecasts
    the in-flight count instead and divides by `target_ongoing_requests`.
 3. Now. The load of this moment also counts: the recent rate plus the backlog
@@ -49,8 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from deployments.capacity import PoolCurve, replicas_for
-from deployments.forecast import Forecaster, make_forecaster
+from deployments.autoscaling.capacity import PoolCurve, replicas_for
+from deployments.autoscaling.forecast import Forecaster, make_forecaster
 
 
 @dataclass(frozen=True)

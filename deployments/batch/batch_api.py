@@ -10,10 +10,10 @@ Every object belongs to the tenant whose key made it; another tenant's id is
 a 404, as an unknown one is. A batch's input is checked line by line when
 it is created: a file with bad lines makes a batch that is `failed` at once,
 its `errors` naming each line. A good one is `in_progress` until the fronts'
-runners (deployments/batch_runner.py) have run every line; its output and
+runners (deployments/batch/batch_runner.py) have run every line; its output and
 error files are then files of the same tenant, in OpenAI's shapes, so the
 official `openai` client's batch calls work unchanged. State lives in Redis
-(deployments/batch_store.py): a front that restarts loses nothing.
+(deployments/batch/batch_store.py): a front that restarts loses nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from urllib.parse import parse_qs
 
 from actors.finisher import header
 from common.config import BatonConfig
-from deployments.batch_store import BatchStore, new_id
-from deployments.bodies import read_body
-from deployments.front import respond
-from deployments.schemas import APIError
+from deployments.batch.batch_store import BatchStore, new_id
+from deployments.api.bodies import read_body
+from deployments.front.front import respond
+from deployments.api.schemas import APIError
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # as OpenAI's Batch API
 WINDOW_S = {"24h": 24 * 3600}

@@ -1,6 +1,6 @@
 """Runs batch lines in the capacity interactive traffic leaves free, on every front.
 
-Each front's runner looks at the active batches (deployments/batch_store.py)
+Each front's runner looks at the active batches (deployments/batch/batch_store.py)
 every `batch.poll_s` (at once again after it started a line) and, while
 - fewer than `batch.max_in_flight` of its lines run,
 - nothing waits in its admission queue, and
@@ -28,7 +28,7 @@ import redis
 
 from common.config import BatonConfig
 from common.constants import TIER_HEADER
-from deployments.batch_store import BatchStore, new_id
+from deployments.batch.batch_store import BatchStore, new_id
 
 RETRY_CODES = (429, 503)  # not now: the line runs again later
 

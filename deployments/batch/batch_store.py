@@ -15,8 +15,8 @@ A front claims a line by moving it from `todo` to `running` with a lease
 renews the lease while the line runs, and records its result once (HSETNX:
 a line run twice after a lapsed lease keeps its first result). Lines whose
 lease lapsed (their front died) go back to `todo` (`reclaim`). Nothing here
-decides when a line runs (deployments/batch_runner.py does) or what a
-request looks like on the wire (deployments/batch_api.py).
+decides when a line runs (deployments/batch/batch_runner.py does) or what a
+request looks like on the wire (deployments/batch/batch_api.py).
 """
 
 from __future__ import annotations

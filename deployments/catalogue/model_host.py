@@ -34,7 +34,7 @@ from actors.finisher import COMPLETION_PATHS, MODEL_HEADER, Finisher, header, op
 from actors.openai_app import EngineApp
 from common.config import BatonConfig
 from common.config.models import catalogue_models, check_budgets, for_model
-from deployments.schemas import APIError
+from deployments.api.schemas import APIError
 from deployments.serving import engine_pids
 from routing.policy.residency import Residency
 
@@ -227,8 +227,8 @@ class ModelHost:
     async def _start(self, model: str):
         """A new engine for `model`, started; raises ModelUnavailable (and leaves nothing running) if it fails."""
         entry = self.entries[model]
-        if entry.runtime_env is not None:  # its own environment: a Ray actor (deployments/model_actor.py)
-            from deployments.model_actor import RemoteEngine
+        if entry.runtime_env is not None:  # its own environment: a Ray actor (deployments/catalogue/model_actor.py)
+            from deployments.catalogue.model_actor import RemoteEngine
 
             engine = RemoteEngine(self.cfg, model, self.replica, entry.runtime_env)
         else:

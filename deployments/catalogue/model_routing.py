@@ -1,4 +1,4 @@
-"""Which replica runs a catalogue request (deployments/model_host.py): session and prefix affinity within a model.
+"""Which replica runs a catalogue request (deployments/catalogue/model_host.py): session and prefix affinity within a model.
 
 A catalogue stack's fronts are unrouted (the kernel spreads connections over
 the replicas), and each replica keeps engines for the models resident there.
@@ -35,7 +35,7 @@ import json
 
 import redis
 
-from deployments.request_routing import Route
+from deployments.front.request_routing import Route
 from routing.prefix.redis_state import pin_key
 
 

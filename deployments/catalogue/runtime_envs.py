@@ -2,7 +2,7 @@
 
 Ray accepts local directories in `py_modules` and `working_dir` only at the
 job level: its driver zips and uploads them. The replicas that start a
-model's actor (deployments/model_actor.py) are not drivers, so the driver
+model's actor (deployments/catalogue/model_actor.py) are not drivers, so the driver
 that deploys the application (`baton up`, `baton deploy`) uploads each
 catalogue entry's local paths here, with Ray's own helpers (the ones
 `ray.init` calls), and hands the replicas a config whose runtime_envs name

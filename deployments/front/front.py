@@ -1,10 +1,9 @@
 """The public HTTP front of a decode (or colocated) engine replica.
 
-Every decode replica listens on the public port (SO_REUSEPORT, so the kernel
-spreads connections over the replicas of a node) and runs this front before
-its own vLLM OpenAI app. Chat completions, completions, Responses and
-Anthropic Messages (deployments/apis.py: every route that reaches an engine;
-any other is a 404) take one path:
+Every decode replica listens on the public port (SO_REUSEPORT, so the kernel spreads connections
+over the replicas of a node) and runs this front before its own vLLM OpenAI app. Chat completions,
+completions, Responses and Anthropic Messages (deployments/api/apis.py: every route that reaches an
+engine; any other is a 404) take one path:
 1. the API key (tenant), the body against the API's strict schema (unknown
    fields are 400s, in the API's own error shape) and the model;
 2. an engine permit from the tenant's fair queue, or a 429;
@@ -18,10 +17,10 @@ any other is a 404) take one path:
    forwards the bytes to the chosen replica's internal server; a replica
    that fails before the request's first token costs a retry here.
 With a model catalogue, step 3 is the requested model's engine here, woken
-if cold (deployments/model_host.py). The tenant becomes vLLM's `cache_salt`;
+if cold (deployments/catalogue/model_host.py). The tenant becomes vLLM's `cache_salt`;
 chat and Messages prompt ids travel in `kv_transfer_params.prompt_token_ids`,
 so no process tokenises them twice. A Responses chain is resolved here
-(deployments/responses_api.py), so the engine sees a stateless request.
+(deployments/api/responses_api.py), so the engine sees a stateless request.
 """
 from __future__ import annotations
 
@@ -37,17 +36,18 @@ from common import tracing
 from common.config import BatonConfig
 from common.constants import REQUEST_ID_HEADER, SESSION_HEADER
 from common.response import BatonInfo
-from deployments import apis, first_token, relay
+from deployments.api import apis
+from deployments.front import first_token, relay
 from deployments.admission import AsyncAdmission, Shed
-from deployments.api_keys import KeyTable
-from deployments.bodies import check_length, read_body, respond, small_body  # noqa: F401 - respond: re-exported
-from deployments.metrics import IngressMetrics
-from deployments.metrics_scrape import pool_metrics
-from deployments.model_routing import prefix_keys
-from deployments.request_headers import deadline_of, tenant_of, tier_of
-from deployments.request_routing import RequestRouting, Route
-from deployments.response_store import ResponseCapture, input_items
-from deployments.schemas import APIError
+from deployments.api.api_keys import KeyTable
+from deployments.api.bodies import check_length, read_body, respond, small_body  # noqa: F401 - respond: re-exported
+from deployments.front.metrics import IngressMetrics
+from deployments.front.metrics_scrape import pool_metrics
+from deployments.catalogue.model_routing import prefix_keys
+from deployments.api.request_headers import deadline_of, tenant_of, tier_of
+from deployments.front.request_routing import RequestRouting, Route
+from deployments.api.response_store import ResponseCapture, input_items
+from deployments.api.schemas import APIError
 from routing.policy.spill import SpillChooser
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Front:
                  gate: AsyncAdmission, metrics: IngressMetrics, session, readiness, peers, keys: KeyTable,
                  models=None):
         self.cfg, self.replica, self.engine, self.local = cfg, replica, engine, local_app
-        self.models = models  # a catalogue's engines (deployments/model_host.py); None: one model
+        self.models = models  # a catalogue's engines (deployments/catalogue/model_host.py); None: one model
         self.keys = keys
         self.routing, self.gate, self.metrics, self.http = routing, gate, metrics, session
         self.readiness = readiness  # async () -> (ready, why)
@@ -69,10 +69,10 @@ class Front:
         self.model = cfg.model.served_name
         self.spill = SpillChooser(cfg.admission.capacity)  # colocated only
         self.peer_urls: dict[str, str] = {}
-        self.sites = None  # deployments/site_link.py, when `sites.peers` are configured
-        self.model_routing = None  # deployments/model_routing.py, with a catalogue
-        self.batches = None  # deployments/batch_api.py: /v1/files and /v1/batches
-        self.responses = None  # deployments/responses_api.py: stored responses and chains
+        self.sites = None  # deployments/sites/site_link.py, when `sites.peers` are configured
+        self.model_routing = None  # deployments/catalogue/model_routing.py, with a catalogue
+        self.batches = None  # deployments/batch/batch_api.py: /v1/files and /v1/batches
+        self.responses = None  # deployments/api/responses_api.py: stored responses and chains
         metrics.before_render = self.admission_gauges
 
     async def __call__(self, scope, receive, send):
@@ -107,7 +107,7 @@ class Front:
                                    code="starting", headers={"Retry-After": "5"})
                 if self.models is not None:
                     return await respond(send, 200, {"object": "list", "data": self.models.listing()})
-            if path in apis.LOCAL_ROUTES:  # no engine step and no tenant data (deployments/apis.py)
+            if path in apis.LOCAL_ROUTES:  # no engine step and no tenant data (deployments/api/apis.py)
                 return await self.local(scope, receive, send)
             raise APIError(404, f"no route {method} {path}", code="not_found")  # default deny
         except APIError as exc:
@@ -149,7 +149,7 @@ class Front:
     async def _completion(self, scope, receive, send, api: apis.Api) -> None:
         kind = api.kind
         forwarded = self.sites.forwarded_tenant(scope) if self.sites is not None else None
-        # A batch line (deployments/batch_runner.py) carries its tenant in the scope, set in-process only.
+        # A batch line (deployments/batch/batch_runner.py) carries its tenant in the scope, set in-process only.
         tenant = scope.get("baton.tenant") or forwarded or tenant_of(scope, self.cfg.serve, self.keys)
         limit = self.cfg.serve.max_body_bytes
         await check_length(scope, receive, limit)
@@ -290,7 +290,7 @@ class Front:
     async def _prefill(self, route: Route, ids: list[int], tenant: str, info: BatonInfo,
                        request_id: str, lead: dict | None, stream: relay.EarlyStream) -> None:
         """Runs the prompt on the prefill replica; on failure decode computes it. `lead`: the body of
-        a request that may stream the prefill's token as its first (deployments/first_token.py);
+        a request that may stream the prefill's token as its first (deployments/front/first_token.py);
         the body then becomes decode's part."""
         payload = {"prompt_token_ids": ids, "cache_salt": tenant, "request_id": request_id,
                    "lookup": route.prefill_lookup, "trace": tracing.inject()}
@@ -351,7 +351,7 @@ class Front:
     async def _admit(self, tenant: str, tier: str | None, deadline_s: float | None, close: bool,
                      extra_queue: int = 0):
         """A permit, or APIError 429 (``extra_queue``: places beyond the queue's bounds, a session's
-        turn at its site, deployments/site_link.py). ``close``: a refusal also closes the connection,
+        turn at its site, deployments/sites/site_link.py). ``close``: a refusal also closes the connection,
         so the client's next request may reach another replica (a replica that refuses fast would
         otherwise get ever more traffic over kept-alive connections while its peers sit on streams)."""
         waited = time.monotonic()

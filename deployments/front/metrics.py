@@ -91,7 +91,7 @@ class IngressMetrics:
         self.before_render = None  # () -> None, set by the front
 
     def _site_metrics(self, r: CollectorRegistry) -> None:
-        """Routing across sites (deployments/site_link.py)."""
+        """Routing across sites (deployments/sites/site_link.py)."""
         self.site_decisions = Counter("baton_site_decisions_total", "the site policy's choices (a request refused "
                                       "by another site is chosen again): session, local, spill, wait_local, "
                                       "queue_remote, far, rejected", ["reason"], registry=r)

@@ -9,7 +9,7 @@ import asyncio
 import aiohttp
 import redis
 
-from deployments.metrics import IngressMetrics, merge
+from deployments.front.metrics import IngressMetrics, merge
 from routing.prefix.redis_state import INDEXER_STATS_KEY
 
 

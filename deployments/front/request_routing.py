@@ -2,13 +2,13 @@
 
 For each request it hashes the prompt's full blocks with the tenant's salt
 (only what the session's last prompt did not have, routing/prefix/hash_memo.py),
-matches them against the KV index in its memory (deployments/index_feed.py)
+matches them against the KV index in its memory (deployments/kv_index/index_feed.py)
 and reads the session's pins in one Redis round trip (a session without a
 live pin costs one more: the live sessions per replica that place it). The
 pure policy then picks a decode replica and, unless the decode replica can
 get all but a few tokens of the prompt from its own cache or the Mooncake
 store (the request then runs decode-only), a prefill replica. Pin updates
-are written without waiting for them. Load per replica (deployments/shared_view.py)
+are written without waiting for them. Load per replica (deployments/front/shared_view.py)
 is what every live front has in flight there (or this front, if more), the
 prefill blocks they sent it that it has not computed yet (its queue, priced
 at the pool's measured rate), its empty KV blocks from its heartbeat, and
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
-from deployments.index_feed import LocalIndex
-from deployments.metrics import IngressMetrics
-from deployments.shared_view import POOLS, SharedView
+from deployments.kv_index.index_feed import LocalIndex
+from deployments.front.metrics import IngressMetrics
+from deployments.front.shared_view import POOLS, SharedView
 from routing.prefix import redis_state
 from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.prefix.hash_memo import HashMemo

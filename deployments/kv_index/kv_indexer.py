@@ -10,7 +10,7 @@ from the index, so the router forgets a dead replica's blocks.
 
 Every batch is applied once and in order (routing/prefix/event_sequence.py): a gap in
 an engine's sequence numbers is filled from the engine's replay buffer
-(deployments/event_replay.py); when it cannot be, or the engine restarted,
+(deployments/kv_index/event_replay.py); when it cannot be, or the engine restarted,
 the replica's holdings are forgotten rather than kept wrong.
 """
 
@@ -25,8 +25,8 @@ from ray import serve
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
-from deployments.event_replay import replay
-from deployments.index_feed import FeedWriter
+from deployments.kv_index.event_replay import replay
+from deployments.kv_index.index_feed import FeedWriter
 from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
 from routing.prefix.event_translator import EventTranslator
 from routing.prefix.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key

@@ -11,7 +11,7 @@ Each front of a site (`sites:` in the config, common/config/sites.py)
   where it should run: here, or on a near site with free capacity when
   this one is full and the round trip costs less than the wait here;
 - forwards such a request to the chosen site's public endpoint and streams
-  the answer back unbuffered (deployments/relay.py). A site that refuses it
+  the answer back unbuffered (deployments/front/relay.py). A site that refuses it
   (429) or cannot be reached before the first byte is backed off and the
   policy chooses again (`sites.select.max_attempts` choices in all); then
   the request runs here after all: nothing that had not started is lost.
@@ -54,9 +54,9 @@ import aiohttp
 from actors.finisher import header
 from common.config import BatonConfig, ConfigError
 from common.constants import SESSION_HEADER
-from deployments import relay
-from deployments.bodies import read_body
-from deployments.schemas import APIError
+from deployments.front import relay
+from deployments.api.bodies import read_body
+from deployments.api.schemas import APIError
 from routing.sites.latency_map import LatencyMap
 from routing.sites.site_policies import SITE_POLICIES, make_selector
 from routing.sites.site_select import SiteDecision, SiteSelectConfig, SiteView

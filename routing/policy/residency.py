@@ -34,7 +34,7 @@ would take:
   it has been idle that long.
 
 The replica runs the hot set's engines at full CPU priority and the others
-below them (deployments/model_host.py), so a cold model's requests are
+below them (deployments/catalogue/model_host.py), so a cold model's requests are
 served in what the hot ones leave.
 
 Pure logic: no clock, no engine; the caller passes ``now`` in seconds.

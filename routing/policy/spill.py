@@ -1,6 +1,6 @@
 """Which engine runs a request that a colocated front admitted.
 
-Colocated fronts lease permits from one pool (deployments/permit_leases.py),
+Colocated fronts lease permits from one pool (deployments/admission/permit_leases.py),
 so a front that receives more than its share of the traffic (clients keep
 their connections, and the kernel spreads connections, not requests) may
 hold more permits than its own engine should run. Such a front runs the

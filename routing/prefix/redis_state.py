@@ -8,8 +8,8 @@ Keys (prefix `baton:`):
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 - `inflight:{pool}` hash `{replica} {front}` -> requests that front has in flight there
   (`inflight_work:{pool}` the same for queued prefill blocks); `...:sum` hashes
-  replica -> the live fronts' total (deployments/shared_view.py)
-- `idx:feed` a channel: the index's updates, as the indexer writes them (deployments/index_feed.py)
+  replica -> the live fronts' total (deployments/front/shared_view.py)
+- `idx:feed` a channel: the index's updates, as the indexer writes them (deployments/kv_index/index_feed.py)
 - `sessions:{pool}:{replica}` sorted set session -> when it was last routed there
 - `placements:{pool}` counter: one ticket per session placed (fronts take turns by it)
 
@@ -29,7 +29,7 @@ from routing.prefix.index_api import FANOUT_CAP, KVIndex
 from routing.prefix.prefix_index import IndexSnapshot
 
 P = "baton:"
-INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_indexer.py)
+INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_index/kv_indexer.py)
 INDEX_EPOCH_KEY = f"{P}indexer:epoch"  # set while Redis holds the index; gone after Redis lost its data
 
 
@@ -82,7 +82,7 @@ class RedisIndex(KVIndex):
 
     def flush(self, publish: tuple[str, bytes] | None = None) -> None:
         """Sends the queued updates (if any) and ends the batch; `publish`: a (channel, message) sent
-        after them in the same round trip (deployments/index_feed.py)."""
+        after them in the same round trip (deployments/kv_index/index_feed.py)."""
         pipe, self._batch = self._batch, None
         if pipe is None:
             if publish:

@@ -15,7 +15,7 @@ that has not probed a peer yet can still use the peer's number).
 
 Many-to-many without a shared store: a site's probe answer carries its own
 row (``neighbours``), and the prober ``observe``s each entry of it
-(deployments/site_link.py). Pure: no clock and no I/O; the caller passes
+(deployments/sites/site_link.py). Pure: no clock and no I/O; the caller passes
 ``now`` in seconds.
 """
 

@@ -21,7 +21,7 @@ from cluster.ray_up import local_node
 from cluster.ray_up.local_provider import cluster_dir
 from common.constants import REPO_ROOT as REPO
 from common.processes import free_ports
-from deployments.api_keys import hash_key
+from deployments.api.api_keys import hash_key
 
 LOCAL_YAML = REPO / "cluster" / "ray_up" / "local.yaml"
 PYTHON = sys.executable

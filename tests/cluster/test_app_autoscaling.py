@@ -38,7 +38,7 @@ class Pool:
     """A pool's replica as Serve's autoscaler sees it: arrivals at `rate` per second."""
 
     def __init__(self, rate: float, downstream=None) -> None:
-        from deployments.autoscaling import SignalMeter
+        from deployments.autoscaling.autoscaling import SignalMeter
 
         self.rate, self.t0, self.meter = rate, time.monotonic(), SignalMeter()
 
@@ -85,7 +85,7 @@ def test_prefill_grows_with_decodes_arrivals_under_the_app_level_policy(serve_on
     from cluster.deploy import app_policy, autoscaling_overrides, rewrite
     from cluster.rollout import rollout
     from common.progress import Progress
-    from deployments.autoscaling import APP_POLICY
+    from deployments.autoscaling.autoscaling import APP_POLICY
 
     path = tmp_path / "baton.yaml"
     path.write_text(CONFIG)

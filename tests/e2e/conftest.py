@@ -13,7 +13,7 @@ import pytest
 from common.processes import pid_alive
 from bench.stack import StackProcess, write_config
 from common.constants import REPO_ROOT as REPO
-from deployments.api_keys import hash_key
+from deployments.api.api_keys import hash_key
 
 
 PIN_TTL_S = 10

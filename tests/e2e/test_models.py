@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from common.constants import REPO_ROOT
-from deployments.api_keys import hash_key
+from deployments.api.api_keys import hash_key
 from tests.e2e import prompts
 
 KEY_A, KEY_B = "models-key-a", "models-key-b"

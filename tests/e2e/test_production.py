@@ -76,7 +76,7 @@ def test_heavy_tenant_is_shed_fairly_and_never_gets_a_5xx(stack):
 def _leased(stack) -> list[int]:
     import redis
 
-    from deployments.permit_leases import keys
+    from deployments.admission.permit_leases import keys
 
     r = redis.Redis.from_url(stack.cfg["redis"]["url"])
     try:

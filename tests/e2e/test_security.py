@@ -13,7 +13,7 @@ import httpx
 
 from common.constants import REPO_ROOT as REPO
 from common.listeners import exposed, listeners
-from deployments.api_keys import hash_key
+from deployments.api.api_keys import hash_key
 from tests.e2e.conftest import KEY_A, KEY_B
 
 BATON = str(REPO / ".venv" / "bin" / "baton")

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from deployments.api_keys import hash_key
+from deployments.api.api_keys import hash_key
 from tests.e2e import prompts
 
 KEY = "sites-key"

@@ -9,8 +9,8 @@ import redis
 import redis.asyncio
 
 from common.config import ConfigError, load_config
-from deployments import api_keys
-from deployments.api_keys import KeyStore, KeyTable, hash_key
+from deployments.api import api_keys
+from deployments.api.api_keys import KeyStore, KeyTable, hash_key
 
 
 def test_hash_is_sha256_hex_and_keys_are_random():

@@ -10,9 +10,9 @@ import pytest
 
 from actors.finisher import finish_usage
 from common.response import BatonInfo
-from deployments import apis
-from deployments.response_store import chained, input_items
-from deployments.schemas import APIError
+from deployments.api import apis
+from deployments.api.response_store import chained, input_items
+from deployments.api.schemas import APIError
 
 
 def _vllm_routes() -> set[tuple[str, str]]:
@@ -35,9 +35,9 @@ def _vllm_routes() -> set[tuple[str, str]]:
 
 def test_every_route_vllm_mounts_is_classified():
     """A vLLM upgrade that mounts a new route fails here until the route is classified in
-    deployments/apis.py ENGINE_ROUTES (pipeline, front, local or refused)."""
+    deployments/api/apis.py ENGINE_ROUTES (pipeline, front, local or refused)."""
     unclassified = sorted(_vllm_routes() - set(apis.ENGINE_ROUTES))
-    assert unclassified == [], f"classify these in deployments/apis.py ENGINE_ROUTES: {unclassified}"
+    assert unclassified == [], f"classify these in deployments/api/apis.py ENGINE_ROUTES: {unclassified}"
 
 
 def test_the_pipeline_serves_the_generating_apis_and_passes_on_nothing_that_generates():

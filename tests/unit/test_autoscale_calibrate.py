@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.autoscale_calibrate import planned_rps
-from deployments.scale_policy import PolicyParams
+from deployments.autoscaling.scale_policy import PolicyParams
 
 
 def test_planned_rate_is_the_target_batch_rate_at_the_planned_utilization():

@@ -12,7 +12,7 @@ from bench.autoscale_metrics import aggregate
 from bench.autoscale_sim import POLICIES, Pool, ServeDelays, SimConfig, draw_requests, simulate
 from bench.autoscale_traces import Trace, default_traces, diurnal, ramp, spike, with_batch
 from cli.main import BENCHES
-from deployments.capacity import CurvePoint, PoolCurve, load_for_config
+from deployments.autoscaling.capacity import CurvePoint, PoolCurve, load_for_config
 
 CURVES = load_for_config(None)
 FAST = SimConfig(dt_s=0.5, warmup_s=60.0, sample_s=30.0)

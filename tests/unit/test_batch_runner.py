@@ -1,4 +1,4 @@
-"""The Batch API's store and runner (deployments/batch_store.py, batch_runner.py) on a real Redis.
+"""The Batch API's store and runner (deployments/batch/batch_store.py, batch_runner.py) on a real Redis.
 
 The runner's `app` here is a small ASGI app standing in for the front (the
 e2e test runs the real one): it answers each line by its body, so the tests
@@ -15,9 +15,9 @@ import redis.asyncio
 
 from common.config import load_config
 from deployments.admission import Admission, AsyncAdmission
-from deployments.batch_api import parse_lines
-from deployments.batch_runner import BatchRunner
-from deployments.batch_store import BatchStore
+from deployments.batch.batch_api import parse_lines
+from deployments.batch.batch_runner import BatchRunner
+from deployments.batch.batch_store import BatchStore
 
 URL = "/v1/chat/completions"
 
@@ -153,7 +153,7 @@ def test_lines_wait_while_interactive_requests_queue_or_the_reserve_is_taken(red
 
 
 def test_backlog_is_the_unfinished_share_of_each_batchs_estimated_work(redis_url):
-    from deployments.batch_store import CHARS_PER_TOKEN, DEFAULT_OUTPUT_TOKENS, line_work
+    from deployments.batch.batch_store import CHARS_PER_TOKEN, DEFAULT_OUTPUT_TOKENS, line_work
 
     assert line_work(_line("a", messages=["x" * 40], max_tokens=10, n=2)) == (len('["' + "x" * 40 + '"]') // CHARS_PER_TOKEN
                                                                              + 1, 20)

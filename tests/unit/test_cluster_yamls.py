@@ -239,7 +239,7 @@ def test_pool_autoscaling_maps_to_serve():
         _Pool(3, {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 16}), "decode")
     assert got == {"min_replicas": 1, "max_replicas": 8, "initial_replicas": 3,
                    "target_ongoing_requests": 16.0,
-                   "policy": {"policy_function": "deployments.autoscaling:in_flight_policy"}}
+                   "policy": {"policy_function": "deployments.autoscaling.autoscaling:in_flight_policy"}}
     assert deploy.pool_autoscaling(_Pool(20, {"max_replicas": 4}), "decode")["initial_replicas"] == 4
     from ray.serve.config import AutoscalingConfig
 
@@ -261,7 +261,7 @@ def test_the_app_level_policy_needs_both_pools_on_a_forecast(tmp_path, text, wan
     keeps `app_level` on; the policy then names both deployments, each with its own bounds."""
     from ray.serve.config import AutoscalingPolicy
 
-    from deployments import autoscaling
+    from deployments.autoscaling import autoscaling
 
     path = tmp_path / "baton.yaml"
     path.write_text(text.replace("prefill:\n  autoscaling: {forecast: {}}",
@@ -282,8 +282,8 @@ def test_a_forecast_section_gives_the_pool_the_forecast_policy(tmp_path):
     from ray.serve.config import AutoscalingConfig
 
     from common.config import load_config
-    from deployments import autoscaling
-    from deployments.capacity import DEFAULT_CURVE
+    from deployments.autoscaling import autoscaling
+    from deployments.autoscaling.capacity import DEFAULT_CURVE
 
     path = tmp_path / "baton.yaml"
     path.write_text("colocated: true\ndecode:\n  autoscaling: {max_replicas: 3, forecast: {forecaster: holt}}\n")
@@ -378,7 +378,7 @@ def test_docs_name_every_port():
 
 
 def test_in_flight_policy_scales_on_what_replicas_report():
-    from deployments.autoscaling import in_flight_policy
+    from deployments.autoscaling.autoscaling import in_flight_policy
 
     class Cfg:
         def get_target_ongoing_requests(self):

@@ -42,7 +42,7 @@ models: [{id: other, path: /ckpt/other, kv_cache_gb: 0.5, engine_args: {max_num_
 
 
 def test_sleep_mode_reaches_every_models_engine_and_cpu_swaps_processes(tmp_path):
-    from deployments.model_host import sleep_level
+    from deployments.catalogue.model_host import sleep_level
 
     cfg = load_config(write(tmp_path, """
 colocated: true

@@ -1,11 +1,11 @@
-"""`sites:` (common/config/sites.py, deployments/site_link.check): errors name the field and the file."""
+"""`sites:` (common/config/sites.py, deployments/sites/site_link.check): errors name the field and the file."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.config import ConfigError, load_config
-from deployments.site_link import check
+from deployments.sites.site_link import check
 from tests.unit.test_config import write
 
 PEERS = "  peers: [{name: b, url: 'http://127.0.0.1:9001'}]\n"

@@ -8,7 +8,7 @@ import json
 
 from actors.finisher import Finisher, ask_usage, normalize_error, read_info, usage_headers
 from common.response import BatonInfo
-from deployments.metrics import IngressMetrics, merge
+from deployments.front.metrics import IngressMetrics, merge
 
 
 def run(app, path="/v1/chat/completions", headers=()):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from actors.finisher import Finisher
-from deployments import first_token, relay
+from deployments.front import first_token, relay
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "cache_salt": "t", "request_id": "abc", "kv_transfer_params": {"prompt_token_ids": [1, 2]}}

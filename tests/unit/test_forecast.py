@@ -1,4 +1,4 @@
-"""Forecasters of deployments/forecast.py: binning, baselines, the fitted models."""
+"""Forecasters of deployments/autoscaling/forecast.py: binning, baselines, the fitted models."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from deployments.forecast import (FORECASTERS, ConstantForecaster, HoltForecaster, KalmanForecaster,
+from deployments.autoscaling.forecast import (FORECASTERS, ConstantForecaster, HoltForecaster, KalmanForecaster,
                                   LastValueForecaster, make_forecaster)
 
 

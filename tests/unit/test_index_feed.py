@@ -1,4 +1,4 @@
-"""The KV index streamed to each front (deployments/index_feed.py), on a real Redis: a front that
+"""The KV index streamed to each front (deployments/kv_index/index_feed.py), on a real Redis: a front that
 joins late loads what Redis holds and follows the feed; a gap makes it load again."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import redis
 
-from deployments.index_feed import CHANNEL, FeedWriter, LocalIndex
+from deployments.kv_index.index_feed import CHANNEL, FeedWriter, LocalIndex
 from routing.prefix.prefix_index import PrefixIndex
 from routing.prefix.redis_state import RedisIndex
 
@@ -112,8 +112,8 @@ def test_a_front_with_the_index_in_memory_predicts_what_one_reading_redis_does(r
     """Same prefix prediction either way; in step with the feed, a decision sends Redis only the
     session's pin reads."""
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
     from routing.prefix.block_hash import hash_blocks
     from routing.prefix.redis_state import Registry
 

@@ -15,7 +15,7 @@ import redis
 
 from common.config import BatonConfig
 from common.processes import free_ports
-from deployments.kv_indexer import EventLoop
+from deployments.kv_index.kv_indexer import EventLoop
 from routing.prefix.redis_state import Registry, registry_key
 
 BLOCK = 2

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.finisher import Finisher
 from common.response import BatonInfo
-from deployments import relay
-from deployments.front import Front
-from deployments.metrics import IngressMetrics, merge
+from deployments.front import relay
+from deployments.front.front import Front
+from deployments.front.metrics import IngressMetrics, merge
 
 
 def usage(prompt: int, cached: int, completion: int) -> dict:

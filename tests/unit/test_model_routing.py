@@ -1,10 +1,10 @@
-"""deployments/model_routing.py: where a catalogue request runs, on a real Redis."""
+"""deployments/catalogue/model_routing.py: where a catalogue request runs, on a real Redis."""
 
 import asyncio
 
 import redis.asyncio
 
-from deployments.model_routing import (BALANCE_REQUESTS, BLOCK_CHARS, MAX_BLOCKS, ModelRouting, prefix_keys,
+from deployments.catalogue.model_routing import (BALANCE_REQUESTS, BLOCK_CHARS, MAX_BLOCKS, ModelRouting, prefix_keys,
                                       prompt_text)
 
 

@@ -12,7 +12,7 @@ import redis.asyncio
 
 from common.config import AdmissionConfig
 from deployments.admission import Admission, AsyncAdmission, Shed
-from deployments.permit_leases import PermitLeases, keys
+from deployments.admission.permit_leases import PermitLeases, keys
 
 CAP = 3  # permits per front: a pool of 6 for two fronts
 
@@ -153,7 +153,7 @@ def test_colocated_fronts_see_each_others_engines(redis_url):
 
 
 def test_offered_load_follows_the_arrival_rate():
-    from deployments.permit_leases import OfferedLoad
+    from deployments.admission.permit_leases import OfferedLoad
 
     load = OfferedLoad(time_constant_s=0.5)
     n = 0

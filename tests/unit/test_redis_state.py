@@ -133,8 +133,8 @@ def test_policy_runs_unchanged_on_a_snapshot(clients):
 
 def test_routing_pins_the_session_in_redis_and_the_pin_expires(clients):
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     cfg = BatonConfig.model_validate({"routing": {"pin_ttl_s": 0.4, "local_index": False}})
@@ -156,8 +156,8 @@ def test_routing_pins_the_session_in_redis_and_the_pin_expires(clients):
 def test_prefill_looks_up_the_store_only_when_the_index_says_it_holds_more(clients):
     from common.config import BatonConfig
     from common.constants import STORE_REPLICA
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
     from routing.prefix.block_hash import hash_blocks
 
     sync, aio = clients
@@ -194,8 +194,8 @@ def test_fronts_see_each_others_requests_in_flight(clients):
     """A front places by what every live front has in flight, not only by its own count and
     the engines' heartbeats (up to routing.heartbeat_s old)."""
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     cfg = BatonConfig.model_validate({"routing": {"policy": "least_loaded", "local_index": False}})
@@ -227,8 +227,8 @@ def test_a_front_reuses_its_view_of_the_fronts_counts_and_refreshes_it_beside_re
     """routing.shared_state_ms: within it a decision reads only the index slice and the pins; past
     it the decision still uses the view it has and a refresh starts beside it; the next one sees it."""
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     cfg = BatonConfig.model_validate({"routing": {"policy": "least_loaded", "shared_state_ms": 200,
@@ -264,8 +264,8 @@ def test_a_front_reuses_its_view_of_the_fronts_counts_and_refreshes_it_beside_re
 
 def test_a_request_with_no_live_decode_replica_is_counted(clients):
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     metrics = IngressMetrics()
@@ -279,8 +279,8 @@ def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
     ticket makes them take turns, 4 and 4. Each replica's set counts its sessions; a re-pin
     moves the session from one set to the other, and later turns do not count twice."""
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     cfg = REDIS_READS
@@ -330,8 +330,8 @@ def test_placement_drops_sessions_whose_pins_expired(clients):
     import time
 
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     cfg = REDIS_READS
@@ -355,8 +355,8 @@ def test_sums_follow_the_fronts_fields_and_a_recount_repairs_them(clients):
     """Each front adds its changes to the replicas' sums (what a routing read takes); RECOUNT
     rebuilds them from live fronts' fields, dropping a dead front's and undoing a lost increment."""
     from common.config import BatonConfig
-    from deployments.metrics import IngressMetrics
-    from deployments.request_routing import RequestRouting
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
 
     sync, aio = clients
     cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from common.processes import free_ports
-from deployments import relay
+from deployments.front import relay
 
 pytestmark = pytest.mark.timeout(20)
 

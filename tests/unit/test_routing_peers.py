@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common.config import BatonConfig
-from deployments.metrics import IngressMetrics
-from deployments.request_routing import RequestRouting, _State
+from deployments.front.metrics import IngressMetrics
+from deployments.front.request_routing import RequestRouting, _State
 from routing.policy.contracts import RoutingRequest
 from routing.prefix.prefix_index import IndexSnapshot
 
@@ -73,7 +73,7 @@ def test_engines_that_never_loaded_are_priced_at_the_stores_measured_rate():
     """The decode engines measured 0.1 ms a token loaded from the store; prefill engines whose
     sessions never moved have not loaded anything: their pin yields to a queue at that rate
     (16 tokens a block), not at a guess. The route's predicted waits sum its pools'."""
-    from deployments.request_routing import Route
+    from deployments.front.request_routing import Route
     from routing.policy.contracts import RoutingDecision
 
     live = {"decode": {"d": {"load_s_per_token": 0.0001, "prefill_s_per_token": 0.002}},

@@ -1,5 +1,5 @@
 """Capacity curves, the forecast scale policy and its guard rails, and the Serve glue
-(deployments/capacity.py, scale_policy.py, autoscaling.py) against Ray 2.60's own wrappers."""
+(deployments/autoscaling/capacity.py, scale_policy.py, autoscaling.py) against Ray 2.60's own wrappers."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 
 from common.config.autoscale import ForecastAutoscaling
 from common.constants import REPO_ROOT
-from deployments import autoscaling as glue
-from deployments import capacity
-from deployments.capacity import CapacityFile, CurvePoint, PoolCurve, replicas_for
-from deployments.forecast import ConstantForecaster
-from deployments.scale_policy import (AppPolicy, ForecastPolicy, GuardRails, PolicyParams, RateMeter,
+from deployments.autoscaling import autoscaling as glue
+from deployments.autoscaling import capacity
+from deployments.autoscaling.capacity import CapacityFile, CurvePoint, PoolCurve, replicas_for
+from deployments.autoscaling.forecast import ConstantForecaster
+from deployments.autoscaling.scale_policy import (AppPolicy, ForecastPolicy, GuardRails, PolicyParams, RateMeter,
                                       ReactivePolicy, Signals, deferred_rate)
 
 CURVE = PoolCurve(points=[CurvePoint(batch=1, tokens_per_s=100.0), CurvePoint(batch=8, tokens_per_s=450.0)])
@@ -266,7 +266,7 @@ def test_app_policy_runs_inside_serves_app_level_wrapper():
 
 
 def test_signal_meter_reports_interval_means_from_the_front_metrics():
-    from deployments.metrics import IngressMetrics
+    from deployments.front.metrics import IngressMetrics
 
     m = IngressMetrics()
     meter = glue.SignalMeter(min_interval_s=1.0)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from deployments.schemas import APIError, ChatCompletionRequest, CompletionRequest, parse
+from deployments.api.schemas import APIError, ChatCompletionRequest, CompletionRequest, parse
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -1,4 +1,4 @@
-"""A front's site link (deployments/site_link.py) against two peer sites on loopback: a refused
+"""A front's site link (deployments/sites/site_link.py) against two peer sites on loopback: a refused
 forward is chosen again (the other peer serves it, the refuser is backed off), never offered
 twice to one site, and a peer that names the tenant as queue-full is not offered its request.
 
@@ -18,7 +18,7 @@ from aiohttp import ClientSession, web
 from common.config import load_config
 from deployments.admission.admission import Admission
 from deployments.admission.async_admission import AsyncAdmission
-from deployments.site_link import SiteLink
+from deployments.sites.site_link import SiteLink
 from tests.unit.test_config import write
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -175,7 +175,7 @@ def test_a_turn_gets_the_turns_places_at_its_site_and_nowhere_else(tmp_path):
 
 
 def test_the_policy_switches_at_run_time_and_a_bad_name_is_a_400(tmp_path):
-    from deployments.schemas import APIError
+    from deployments.api.schemas import APIError
 
     async def scenario():
         _, _, _, link = await _scenario(tmp_path, {"b": {}}, 0)

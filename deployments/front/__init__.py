@@ -1,0 +1,4 @@
+"""The HTTP apps of an engine replica and their per-request work: the public front (front), the
+internal app for other replicas (internal), routing on shared state (request_routing, shared_view),
+moving answers (relay, first_token), readiness, and Prometheus metrics (metrics, metrics_scrape).
+"""

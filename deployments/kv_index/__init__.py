@@ -1,0 +1,4 @@
+"""The shared KV index's writer side: the KV indexer (engine KV events in, the index in Redis out),
+asking a publisher to replay missed batches (event_replay), and the index streamed to every front
+(index_feed).
+"""
