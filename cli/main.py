@@ -162,8 +162,19 @@ BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", 
 
 
 def cmd_bench(args) -> int:
-    from bench import (affinity, autoscale, kv, load, models, overload, reject, router, scale, serve, sites, spec,
-                       ttft)
+    from bench.affinity import affinity
+    from bench.autoscale import autoscale
+    from bench.kv import kv
+    from bench.load import load
+    from bench.models import models
+    from bench.overload import overload
+    from bench.reject import reject
+    from bench.router import router
+    from bench.scale import scale
+    from bench.serve import serve
+    from bench.sites import sites
+    from bench.spec import spec
+    from bench.ttft import ttft
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
                "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites,

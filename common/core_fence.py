@@ -8,7 +8,7 @@ front, Ray's core-worker threads, the replica's heartbeat and load polls):
 whenever the kernel places one of them on the worker's core, the worker
 loses a time slice in the middle of a step, and every request's time per
 output token grows with it. Measured on one stack on 2 cores, fence on and
-off in alternate rounds (bench/fence_ab.py, docs/bench_serve.md): fenced,
+off in alternate rounds (bench/serve/fence_ab.py, docs/bench_serve.md): fenced,
 1.06x the throughput at concurrency 8 and 1.05x at concurrency 1 over two
 runs of four pairs (1.16x and 1.07x in one, level in the other).
 

@@ -49,7 +49,7 @@ SIZES = {
     "deep": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=6,
                  num_attention_heads=4, num_key_value_heads=2),
     # About 0.75 B parameters (3 GiB in float32): big enough that loading weights, not
-    # starting processes, is what a GPU engine start or a wake from sleep costs (bench/sleep_gpu.py).
+    # starting processes, is what a GPU engine start or a wake from sleep costs (bench/models/sleep_gpu.py).
     "gpu": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
                 num_attention_heads=16, num_key_value_heads=8),
     # The KV shape of a mid-sized production model (16 layers, 8 KV heads of

@@ -1,7 +1,7 @@
 """Measured capacity curves: tokens/s one replica sustains at each batch size, per pool.
 
 A curve file is YAML (or JSON) stored beside the Baton config it belongs to:
-`<config stem>.capacity.yaml` next to `<config stem>.yaml`. `bench/capacity_curve.py`
+`<config stem>.capacity.yaml` next to `<config stem>.yaml`. `bench/autoscale/capacity_curve.py`
 writes one from a short calibration run against a running stack. Without one,
 `load_for_config` returns the curve shipped for the default tiny CPU model
 (deployments/autoscaling/capacity_tiny_cpu.yaml), whose numbers are derived from measured

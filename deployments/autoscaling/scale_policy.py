@@ -1,5 +1,5 @@
 """Forecast-based replica counts per pool, with guard rails; the same objects run inside
-Serve's autoscaling (deployments/autoscaling/autoscaling.py) and in the simulator (bench/autoscale_sim.py).
+Serve's autoscaling (deployments/autoscaling/autoscaling.py) and in the simulator (bench/autoscale/autoscale_sim.py).
 
 Each decision gets the pool's `Signals` (what the replicas report, time passed in)
 and the replica count Serve is steering to, and returns the count it wants:

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import redis
 
-from bench.stack import StackProcess, write_config
+from bench.common.stack import StackProcess, write_config
 from tests.e2e import prompts
 from tests.e2e.test_routing import EVENTS_SETTLE_S, engine_hit
 from tests.e2e.test_zx_indexer_restart import _indexer

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.processes import pid_alive
-from bench.stack import StackProcess, write_config
+from bench.common.stack import StackProcess, write_config
 from common.constants import REPO_ROOT as REPO
 from deployments.api.api_keys import hash_key
 

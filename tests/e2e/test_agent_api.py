@@ -86,7 +86,7 @@ CASES = [forced_tool_call, tool_result_turn, json_schema_answer, logprobs, two_c
 
 @pytest.fixture(scope="module")
 def vllm_serve(stack):
-    from bench.peers import VllmServe
+    from bench.common.peers import VllmServe
     from common.config import load_config
 
     with VllmServe(load_config(stack.config), stack.config.parent / "vllm-serve.log") as server:

@@ -42,7 +42,7 @@ print("PROBE " + json.dumps(ray.get(ray.get_actor(name, namespace="baton").probe
 
 @pytest.fixture(scope="module")
 def catalogue_stack(tmp_path_factory):
-    from bench.stack import StackProcess, write_config
+    from bench.common.stack import StackProcess, write_config
 
     cfg = yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())
     models = [m for m in cfg["models"] if m["id"] in (SMALL, DEEP)]
@@ -247,7 +247,7 @@ def _rss(pids: list[int]) -> int:
 @pytest.fixture(scope="module")
 def pair_stack(tmp_path_factory):
     """Two replicas that each serve their own engines, with room for one model each."""
-    from bench.stack import StackProcess, write_config
+    from bench.common.stack import StackProcess, write_config
 
     cfg = yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())
     s = StackProcess(write_config(

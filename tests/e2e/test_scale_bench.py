@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bench import scale
+from bench.scale import scale
 
 
 def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):

@@ -1,7 +1,7 @@
 """Two sites (issue 35): a full site sends work to a near one, streamed back, admitted once.
 
 Site `a` and site `b` are two Baton stacks (colocated, one replica each) that
-reach each other through delay proxies (bench/delay_proxy.py, 10 ms each way),
+reach each other through delay proxies (bench/sites/delay_proxy.py, 10 ms each way),
 as two sites a few hundred kilometres apart would. `a` has one engine permit,
 so a second request finds it full. Both stacks start once for the module, in
 parallel.
@@ -33,8 +33,8 @@ TTL_S = 3.0
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory):
-    from bench.delay_proxy import DelayProxy
-    from bench.stack import StackProcess, write_config
+    from bench.sites.delay_proxy import DelayProxy
+    from bench.common.stack import StackProcess, write_config
     from common.processes import free_ports
 
     ports = dict(zip("ab", free_ports(2)))

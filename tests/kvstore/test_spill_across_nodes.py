@@ -25,7 +25,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from bench.kv_rig import KVRig, decode_on, prefill_on, rig_config, start_engine
+from bench.kv.kv_rig import KVRig, decode_on, prefill_on, rig_config, start_engine
 from cluster import loopback
 from common.config import BatonConfig
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from common.config import parse_size
-from bench.kv_rig import KVRig, rig_config
+from bench.kv.kv_rig import KVRig, rig_config
 from kvstore.holdings import AuditedStore, master_presence
 from kvstore.spill import SpillTier, dir_usage
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.affinity import routing_counts, session_routes, turn_stats
-from bench.loadgen import RequestResult
+from bench.affinity.affinity import routing_counts, session_routes, turn_stats
+from bench.common.loadgen import RequestResult
 
 
 def test_turn_stats_split_turns_and_name_the_errors():
@@ -53,7 +53,7 @@ def test_session_routes_follow_each_session_from_turn_to_turn():
 
 
 def test_median_ratio_interval_brackets_the_ratio_and_narrows_with_samples():
-    from bench.affinity import median_ratio_interval
+    from bench.affinity.affinity import median_ratio_interval
 
     assert median_ratio_interval([], [1.0]) is None
     lo, hi = median_ratio_interval([1.0] * 5, [2.0] * 5)
@@ -67,7 +67,7 @@ def test_median_ratio_interval_brackets_the_ratio_and_narrows_with_samples():
 
 
 def test_pool_runs_pool_repeats_and_keep_each_repeats_ratio():
-    from bench.affinity import _pool_runs
+    from bench.affinity.affinity import _pool_runs
 
     def run(ttfts):
         return [RequestResult(i, f"s{i}", 1, ttft_s=t, input_tokens=10, baton={"route": "pinned"})
@@ -87,8 +87,8 @@ def test_pool_runs_pool_repeats_and_keep_each_repeats_ratio():
 
 
 def test_moves_compare_each_moved_turns_ttft_with_the_predicted_stay(tmp_path):
-    from bench.affinity import moves
-    from bench.affinity_plot import plot
+    from bench.affinity.affinity import moves
+    from bench.affinity.affinity_plot import plot
 
     def turn(i, route, ttft, stay=None, predicted=None):
         return RequestResult(i, f"s{i}", 1, ttft_s=ttft, baton={"route": route, "stay_s": stay, "predicted_s": predicted})

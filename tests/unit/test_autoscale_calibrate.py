@@ -1,10 +1,10 @@
-"""bench/autoscale_calibrate.py: the real run's ramp is sized by the forecast policy's own sizing of the measured curve."""
+"""bench/autoscale/autoscale_calibrate.py: the real run's ramp is sized by the forecast policy's own sizing of the measured curve."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.autoscale_calibrate import planned_rps
+from bench.autoscale.autoscale_calibrate import planned_rps
 from deployments.autoscaling.scale_policy import PolicyParams
 
 

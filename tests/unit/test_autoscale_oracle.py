@@ -1,11 +1,11 @@
-"""The clairvoyant floor under replica-seconds (bench/autoscale_oracle.py), on hand-computed traces."""
+"""The clairvoyant floor under replica-seconds (bench/autoscale/autoscale_oracle.py), on hand-computed traces."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.autoscale_oracle import for_real_run, replica_seconds, replicas_needed
-from bench.autoscale_traces import Trace
+from bench.autoscale.autoscale_oracle import for_real_run, replica_seconds, replicas_needed
+from bench.autoscale.autoscale_traces import Trace
 
 
 def test_replicas_needed_rounds_up_within_the_bounds():

@@ -1,4 +1,4 @@
-"""The real-stack autoscale run's bookkeeping (bench/autoscale_real.py), on made-up observations."""
+"""The real-stack autoscale run's bookkeeping (bench/autoscale/autoscale_real.py), on made-up observations."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.autoscale_real import real_trace, summarise
+from bench.autoscale.autoscale_real import real_trace, summarise
 
 ARGS = SimpleNamespace(slo=1.0, real_duration=10.0, real_low=2.0, real_high=10.0, real_warm=2.0, real_ramp=4.0)
 

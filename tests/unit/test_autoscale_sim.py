@@ -1,4 +1,4 @@
-"""The autoscaling simulator and `baton bench autoscale` (bench/autoscale*.py), on short traces."""
+"""The autoscaling simulator and `baton bench autoscale` (bench/autoscale/), on short traces."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from bench import autoscale
-from bench.autoscale_metrics import aggregate
-from bench.autoscale_sim import POLICIES, Pool, ServeDelays, SimConfig, draw_requests, simulate
-from bench.autoscale_traces import Trace, default_traces, diurnal, ramp, spike, with_batch
+from bench.autoscale import autoscale
+from bench.autoscale.autoscale_metrics import aggregate
+from bench.autoscale.autoscale_sim import POLICIES, Pool, ServeDelays, SimConfig, draw_requests, simulate
+from bench.autoscale.autoscale_traces import Trace, default_traces, diurnal, ramp, spike, with_batch
 from cli.main import BENCHES
 from deployments.autoscaling.capacity import CurvePoint, PoolCurve, load_for_config
 

@@ -1,8 +1,8 @@
-"""`baton bench spec`'s bookkeeping (bench/spec.py), on made-up results."""
+"""`baton bench spec`'s bookkeeping (bench/spec/spec.py), on made-up results."""
 
 from __future__ import annotations
 
-from bench.spec import compare, targets
+from bench.spec.spec import compare, targets
 
 
 def _w(tpot, answers, rate=None):

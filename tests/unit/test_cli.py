@@ -33,7 +33,7 @@ def test_status_when_not_running(tmp_path):
 STOPPED_BY_SIGTERM = """
 import os, signal, sys, time
 from pathlib import Path
-from bench.peers import _Peer
+from bench.common.peers import _Peer
 from cli.main import interrupt_on_sigterm
 from common.processes import free_ports
 

@@ -1,4 +1,4 @@
-"""bench/delay_proxy.py: the one-way delay between local sites, and a site that goes away."""
+"""bench/sites/delay_proxy.py: the one-way delay between local sites, and a site that goes away."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.delay_proxy import DelayProxy
+from bench.sites.delay_proxy import DelayProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -11,8 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bench import load as bench_load, serve as bench_serve, loadgen
-from bench.loadgen import CHAT, COMPLETIONS, SESSION_HEADER, RequestResult, RequestSpec
+from bench.common import loadgen
+from bench.load import load as bench_load
+from bench.serve import serve as bench_serve
+from bench.common.loadgen import CHAT, COMPLETIONS, SESSION_HEADER, RequestResult, RequestSpec
 
 # -- arrivals and sessions --------------------------------------------------------
 
@@ -229,7 +231,7 @@ def test_errors_timeouts_and_the_deadline_become_results(fake_server):
 
 
 def test_bench_serve_drives_vllms_benchmark_and_reports_ratios(fake_server):
-    from bench import vllm_load
+    from bench.common import vllm_load
     from common.config import load_config
 
     url, seen = fake_server
@@ -261,7 +263,7 @@ def test_bench_serve_prompts_never_share_a_prefix_block():
     """vLLM's `random` dataset repeats whole prompts with a 1024-token vocabulary."""
     from transformers import AutoTokenizer
 
-    from bench import vllm_load
+    from bench.common import vllm_load
     from common.config import load_config
 
     path = str(load_config(None, environ={}).model.resolved_path())

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from aiohttp import web
 
-from bench import models
-from bench.loadgen import RequestResult
-from bench.models import level_models, zipf_mix
-from bench.models_plot import arm_stats, delta, metric_totals, plot, table, usage_check
-from bench.models_stack import FIRST, MODELS, ratio, stack_config
+from bench.models import models
+from bench.common.loadgen import RequestResult
+from bench.models.models import level_models, zipf_mix
+from bench.models.models_plot import arm_stats, delta, metric_totals, plot, table, usage_check
+from bench.models.models_stack import FIRST, MODELS, ratio, stack_config
 from common.config import load_config
 from common.config.models import catalogue_models
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bench import overload
-from bench.loadgen import CHAT, RequestSpec
-from bench.overload import Outcome, add_ratios, level_stats, tenant_stats
-from bench.overload_plot import COLUMNS, markdown_table, plot
+from bench.overload import overload
+from bench.common.loadgen import CHAT, RequestSpec
+from bench.overload.overload import Outcome, add_ratios, level_stats, tenant_stats
+from bench.overload.overload_plot import COLUMNS, markdown_table, plot
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
 

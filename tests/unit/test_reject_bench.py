@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench import reject
+from bench.reject import reject
 
 
 def test_a_full_front_refuses_every_completion_with_retry_after():

@@ -1,6 +1,6 @@
 import json
 
-from bench import router as bench_router
+from bench.router import router as bench_router
 from common.constants import TRACE
 
 

@@ -1,11 +1,11 @@
-"""Pure helpers of bench/scale_control.py: the engines' event rate and the latency summary."""
+"""Pure helpers of bench/scale/scale_control.py: the engines' event rate and the latency summary."""
 
 from __future__ import annotations
 
 import pytest
 
 from actors.sim.profile import GpuProfile
-from bench.scale_control import engine_rates, summary
+from bench.scale.scale_control import engine_rates, summary
 
 
 def test_engine_rates_follow_the_profile():

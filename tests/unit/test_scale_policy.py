@@ -83,7 +83,7 @@ def test_the_shipped_curve_is_the_measured_figures():
         assert curves.curve("decode").tokens_per_s(batch) == pytest.approx(
             mean("baton_disaggregated", load, "output_throughput"), abs=0.01)
     colocated = curves.curve("colocated")
-    assert [p.batch for p in colocated.points] == [1, 2, 4, 8]  # bench/capacity_curve.py's batch sizes
+    assert [p.batch for p in colocated.points] == [1, 2, 4, 8]  # bench/autoscale/capacity_curve.py's batch sizes
     assert all(a.tokens_per_s < b.tokens_per_s for a, b in zip(colocated.points, colocated.points[1:]))
 
 

@@ -1,9 +1,9 @@
-"""`baton bench sites --local`'s pure parts (bench/sites_local.py): the alternating order of the
+"""`baton bench sites --local`'s pure parts (bench/sites/sites_local.py): the alternating order of the
 policies' segments, and pooling a policy's segments into one summary."""
 
 from __future__ import annotations
 
-from bench.sites_local import _minus, _pool, segment_order, summarize
+from bench.sites.sites_local import _minus, _pool, segment_order, summarize
 
 
 def test_segments_alternate_their_order_round_by_round():

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from bench import sites as bench_sites
-from bench.sites_geo import CITIES, CITY, diurnal, fleet_hop_s, great_circle_km, pick, rtt_s
-from bench.sites_sim import SimConfig, SiteSim, simulate, workload
+from bench.sites import sites as bench_sites
+from bench.sites.sites_geo import CITIES, CITY, diurnal, fleet_hop_s, great_circle_km, pick, rtt_s
+from bench.sites.sites_sim import SimConfig, SiteSim, simulate, workload
 from cli.main import BENCHES
 
 SMALL = SimConfig(duration_s=300.0, warmup_s=100.0)
@@ -116,7 +116,7 @@ def test_bench_main_prints_one_json_line_and_writes_out_and_plot(tmp_path, capsy
 
 
 def test_local_targets_judge_sessions_by_their_cached_share_against_one_site():
-    from bench.sites import targets
+    from bench.sites.sites import targets
 
     def policy(rejected, util, keep, cached):
         return {"rejected": rejected, "util_max_over_mean": util, "session_keep": keep, "turn2_cached_share": cached,

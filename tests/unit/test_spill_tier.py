@@ -172,7 +172,7 @@ def test_bad_spill_cap_names_field_and_file(tmp_path):
 
 
 def test_bench_kv_raw_bandwidths_measure_real_transfers(tmp_path):
-    from bench.kv import disk_sequential_read, loopback_tcp_bandwidth
+    from bench.kv.kv import disk_sequential_read, loopback_tcp_bandwidth
 
     assert loopback_tcp_bandwidth(total=8 << 20) > 1e6
     assert disk_sequential_read(tmp_path, total=8 << 20) > 1e6

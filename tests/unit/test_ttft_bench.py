@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.ttft import _hops
+from bench.ttft.ttft import _hops
 
 
 def _span(name: str, rid: str, start: str, end: str, **attrs) -> str:
