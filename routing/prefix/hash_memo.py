@@ -42,7 +42,7 @@ class HashMemo:
         prev = (self._entries.get((salt, session)) if session is not None else None) or self._entries.get((salt,))
         k = _common_blocks(packed, prev[0], width) if prev else 0
         if k:
-            tail = sha256_packed(memoryview(packed)[k * width:], self.bs, salt, prev[1][k - 1])
+            tail = sha256_packed(packed[k * width:], self.bs, salt, prev[1][k - 1])
             out = prev[1][:k] + tail
         else:
             out = sha256_packed(packed, self.bs, salt, None)
@@ -69,13 +69,14 @@ class HashMemo:
 def _common_blocks(a: bytes, b: bytes, width: int) -> int:
     """Full blocks of `width` bytes that `a` and `b` share from their start."""
     n = min(len(a), len(b)) // width
-    va, vb = memoryview(a), memoryview(b)
-    if va[:n * width] == vb[:n * width]:  # a turn that extends the last one: one comparison
+    # bytes slices, not memoryviews: a slice copies at memcpy speed and compares with memcmp (0.3 us
+    # for 40 kB), where memoryviews compare item by item (19 us).
+    if a[:n * width] == b[:n * width]:  # a turn that extends the last one: one comparison
         return n
     lo, hi = 0, n - 1  # the first lo blocks are equal; not all n are
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if va[:mid * width] == vb[:mid * width]:
+        if a[:mid * width] == b[:mid * width]:
             lo = mid
         else:
             hi = mid - 1
