@@ -50,8 +50,8 @@ status:
 # notebook, which starts stacks of its own (one stack at a time on 2 cores).
 test: install
 	$(BIN)/python -m pytest -v -rs --timeout=300 tests/unit
-	$(BIN)/python -m pytest -v -rs --timeout=900 tests/e2e
-	$(BIN)/python -m pytest -v -rs --timeout=900 tests --ignore=tests/unit --ignore=tests/e2e
+	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/e2e
+	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests --ignore=tests/unit --ignore=tests/e2e
 
 test-unit: install
 	$(BIN)/python -m pytest -v tests/unit
