@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
-from deployments.kv_index.index_feed import LocalIndex
 from deployments.front.metrics import IngressMetrics
 from deployments.front.shared_view import POOLS, SharedView
-from routing.prefix import redis_state
+from deployments.kv_index.index_feed import LocalIndex
 from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
-from routing.prefix.hash_memo import HashMemo
 from routing.policy.policy import BatonPolicy, PolicyConfig
-from routing.prefix.prefix_index import IndexSnapshot
 from routing.policy.rates import mean_rate, median_rate
+from routing.prefix import redis_state
+from routing.prefix.hash_memo import HashMemo
+from routing.prefix.prefix_index import IndexSnapshot
 from routing.prefix.snapshot import pins_view
 
 
