@@ -231,6 +231,25 @@ def test_layers_point_down():
     assert not any(p in graph[q] for p in ABOVE_ALL for q in graph)
 
 
+MAX_PACKAGE_MODULES = 12
+
+
+def test_every_package_is_a_room_a_newcomer_can_read():
+    """No package folder holds more than MAX_PACKAGE_MODULES modules directly, and every
+    package's __init__ says in a docstring what it holds."""
+    crowded, silent = [], []
+    for top in MODULE_PACKAGES + ["cli"]:
+        for init in (REPO_ROOT / top).rglob("__init__.py"):
+            folder = init.parent
+            modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            if len(modules) > MAX_PACKAGE_MODULES:
+                crowded.append(f"{folder.relative_to(REPO_ROOT)} ({len(modules)})")
+            if not ast.get_docstring(ast.parse(init.read_text())):
+                silent.append(str(init.relative_to(REPO_ROOT)))
+    assert not crowded, f"packages over {MAX_PACKAGE_MODULES} modules: {crowded}"
+    assert not silent, f"packages whose __init__ has no docstring: {silent}"
+
+
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_module_and_function_size(path: Path):
     text = path.read_text()
