@@ -4,11 +4,29 @@
 from __future__ import annotations
 
 import json
+import time
+
+import psutil
 
 from bench.scale import scale
 
 
+def _listeners() -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP listener on this machine."""
+    out = set()
+    for c in psutil.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN:
+            try:
+                name = psutil.Process(c.pid).name() if c.pid else "?"
+            except psutil.NoSuchProcess:
+                continue
+            out.add((c.laddr.ip, c.laddr.port, name))
+    return out
+
+
 def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
+    """Also: the bench leaves nothing listening (it starts `vllm serve`, Ray and Baton's stack)."""
+    before = _listeners()
     out = tmp_path / "scale.json"
     assert scale.main(["--systems", "vllm_serve,baton", "--rates", "20,40", "--duration", "3", "--rounds", "1",
                        "--out", str(out), "--plot", str(tmp_path / "scale.png")]) == 0
@@ -26,6 +44,10 @@ def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
     ratios = doc["rounds"][0]["ratios"]
     assert 0.7 < ratios["baton_goodput_at_vllm_knee"] < 1.3
     assert (tmp_path / "scale.png").stat().st_size > 0
+    deadline = time.monotonic() + 60  # processes the bench stopped may take a moment to close
+    while (left := _listeners() - before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"the bench left listeners behind: {sorted(left)}"
 
 
 def test_agent_sessions_on_a_simulated_fleet_keep_their_prefixes(tmp_path):
