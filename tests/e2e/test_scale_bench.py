@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import psutil
@@ -11,22 +12,33 @@ import psutil
 from bench.scale import scale
 
 
-def _listeners() -> set[tuple[str, int, str]]:
-    """(address, port, process name) of every TCP listener on this machine."""
-    out = set()
-    for c in psutil.net_connections("tcp"):
-        if c.status == psutil.CONN_LISTEN:
-            try:
-                name = psutil.Process(c.pid).name() if c.pid else "?"
-            except psutil.NoSuchProcess:
+def _listeners() -> set[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP listener on this machine."""
+    return {(c.laddr.ip, c.laddr.port, c.pid or 0) for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def _left_by_test(before: set, pids_before: set[int]) -> list[str]:
+    """Listeners opened since `before` by processes this test started: not by a process that was
+    already running, nor by a child of one (the shared stack's Ray may start workers meanwhile);
+    a daemon the test started and orphaned (Ray's HAProxy) has only init above it."""
+    out = []
+    for ip, port, pid in _listeners() - before:
+        try:
+            proc = psutil.Process(pid)
+            elders = {p.pid for p in proc.parents()} - {1, os.getpid()}
+            if pid in pids_before or elders & pids_before:
                 continue
-            out.add((c.laddr.ip, c.laddr.port, name))
+            out.append(f"{ip}:{port} {proc.name()} (pid {pid})")
+        except psutil.NoSuchProcess:
+            continue
     return out
 
 
 def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
     """Also: the bench leaves nothing listening (it starts `vllm serve`, Ray and Baton's stack)."""
-    before = _listeners()
+    me = psutil.Process()
+    before, pids_before = _listeners(), set(psutil.pids()) - {me.pid} - {p.pid for p in me.parents()}
     out = tmp_path / "scale.json"
     assert scale.main(["--systems", "vllm_serve,baton", "--rates", "20,40", "--duration", "3", "--rounds", "1",
                        "--out", str(out), "--plot", str(tmp_path / "scale.png")]) == 0
@@ -45,7 +57,7 @@ def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
     assert 0.7 < ratios["baton_goodput_at_vllm_knee"] < 1.3
     assert (tmp_path / "scale.png").stat().st_size > 0
     deadline = time.monotonic() + 60  # processes the bench stopped may take a moment to close
-    while (left := _listeners() - before) and time.monotonic() < deadline:
+    while (left := _left_by_test(before, pids_before)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"the bench left listeners behind: {sorted(left)}"
 
