@@ -25,6 +25,9 @@ DEFAULT_MAX_TOKENS = 2_000_000  # 16 MB of packed tokens per front
 
 
 class HashMemo:
+    """One front's memo (module docstring): the last prompt's packed tokens and block hashes per
+    (tenant, session) and per tenant, at most `max_tokens` tokens in all."""
+
     def __init__(self, block_size: int, max_tokens: int = DEFAULT_MAX_TOKENS):
         if block_size <= 0 or max_tokens < 0:
             raise ValueError("block_size must be > 0 and max_tokens >= 0")
