@@ -77,7 +77,9 @@ class TraceRun(Run):
         ids, n = row["hash_ids"], row["input_length"]
         prompt = [t for b in ids for t in block_tokens(b)][:n]
         sid = f"c{ids[1]}" if len(ids) > 1 else None
-        turn = self.turns[sid] = self.turns.get(sid, 0) + 1 if sid else 1
+        turn = 1
+        if sid:  # one-block prompts name no conversation: each is a turn 1
+            turn = self.turns[sid] = self.turns.get(sid, 0) + 1
         self.live[id(row)] = row
         self.peak_live = max(self.peak_live, len(self.live))
         out = max(1, min(row["output_length"], self.shape.max_output))
