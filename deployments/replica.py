@@ -121,8 +121,7 @@ class EngineReplica:
             await self.leases.start()
             await self.keys.start()
             self._serve(front, listen_socket(s.host, s.port, reuse_port=True), public=True)
-            if front.sites is not None:
-                front.sites.start()
+            front.sites.start()
             self.batch_runner.start()
         self.engine_load: dict = await self.engine.engine_load()
         self._load_task = asyncio.ensure_future(self._refresh_load())
@@ -146,6 +145,7 @@ class EngineReplica:
         """The public front; also makes `finished` count answers in its metrics."""
         from deployments.admission import Admission, AsyncAdmission
         from deployments.api.api_keys import KeyStore
+        from deployments.batch.batch_runner import BatchRunner
         from deployments.front.front import Front
         from deployments.front.metrics import IngressMetrics, kv_bytes_per_token
         from deployments.admission.permit_leases import PermitLeases
@@ -179,9 +179,10 @@ class EngineReplica:
         self.keys = KeyStore(self.cfg.serve.api_keys, client)
         if self.cfg.models:
             self.engine.metrics = metrics
+        features = self._features(gate, client, readiness)
         front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
-                      readiness.check, lambda: readiness.registry.live("decode"), self.keys.table,
-                      self.engine if self.cfg.models else None)
+                      readiness.check, lambda: readiness.registry.live("decode"), self.keys.table, features)
+        self.batch_runner = BatchRunner(self.cfg, features.batches.store, gate, front)
         # Unrouted colocated: a full engine spills to a peer (not a catalogue's: its peers may not have the model).
         colocated = routing is None and not self.cfg.models
         # A client of their own: a renewal that times out drops its connection,
@@ -190,29 +191,32 @@ class EngineReplica:
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self.engine.running) if colocated else None,
                                    on_peers=front.spill_view if colocated else None)
+        return front
+
+    def _features(self, gate, client, readiness):
+        """The front's optional features (deployments/front/front.py `Features`): a catalogue's engines
+        and their routing, the sites' link, and the APIs whose state is in Redis: batches (their lines
+        run by every front) and stored responses."""
+        from deployments.api.response_store import ResponseStore
+        from deployments.api.responses_api import ResponsesAPI
+        from deployments.batch.batch_api import BatchAPI
+        from deployments.batch.batch_store import BatchStore
+        from deployments.front.front import Features
+
+        r = self.cfg.responses
+        f = Features(batches=BatchAPI(self.cfg, BatchStore(client)),
+                     responses=ResponsesAPI(ResponseStore(client, r.store_ttl_s, r.max_stored_bytes)))
         if self.cfg.models:  # which replica runs a catalogue request (deployments/catalogue/model_routing.py)
             from deployments.catalogue.model_routing import ModelRouting
 
-            front.model_routing = ModelRouting(self.replica, front.peers, client, self.cfg.routing.pin_ttl_s)
-        self._stored_apis(front, gate, client)
+            f.models = self.engine
+            f.model_routing = ModelRouting(self.replica, lambda: readiness.registry.live("decode"), client,
+                                           self.cfg.routing.pin_ttl_s)
         if self.cfg.sites.enabled:  # routing across sites (deployments/sites/site_link.py)
             from deployments.sites.site_link import SiteLink
 
-            front.sites = SiteLink(self.cfg, gate, self.http, metrics)
-        return front
-
-    def _stored_apis(self, front, gate, client) -> None:
-        """The APIs whose state is in Redis: batches (their lines run by every front) and stored responses."""
-        from deployments.batch.batch_api import BatchAPI
-        from deployments.batch.batch_runner import BatchRunner
-        from deployments.batch.batch_store import BatchStore
-        from deployments.api.response_store import ResponseStore
-        from deployments.api.responses_api import ResponsesAPI
-
-        r = self.cfg.responses
-        front.responses = ResponsesAPI(ResponseStore(client, r.store_ttl_s, r.max_stored_bytes))
-        store = BatchStore(client)
-        front.batches, self.batch_runner = BatchAPI(self.cfg, store), BatchRunner(self.cfg, store, gate, front)
+            f.sites = SiteLink(self.cfg, gate, self.http, self.metrics)
+        return f
 
     def _serve(self, app, sock: socket.socket, public: bool = False) -> None:
         server, task = serve_asgi(self._counting(app, public), sock)

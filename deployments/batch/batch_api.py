@@ -27,7 +27,7 @@ from actors.finisher import header
 from common.config import BatonConfig
 from deployments.batch.batch_store import BatchStore, new_id
 from deployments.api.bodies import read_body
-from deployments.front.front import respond
+from deployments.api.bodies import respond
 from deployments.api.schemas import APIError
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # as OpenAI's Batch API

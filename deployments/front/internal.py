@@ -30,7 +30,7 @@ PREFILL_MAX_BODY_BYTES = 64 * 2**20  # prompt token ids of the longest context, 
 def internal_app(engine, finished_app, metrics=None):
     """ASGI app: /baton/prefill on `engine`, /baton/metrics, the rest to `finished_app`."""
     from deployments.api.bodies import read_body
-    from deployments.front.front import respond
+    from deployments.api.bodies import respond
     from deployments.api.schemas import APIError
 
     async def app(scope, receive, send):
@@ -51,7 +51,7 @@ def internal_app(engine, finished_app, metrics=None):
 async def _prefill(engine, ids: list[int], req: dict, send) -> None:
     """Runs one prefill and answers it: one JSON object, or with `first_token` two
     lines, the token as soon as it is sampled and then the result."""
-    from deployments.front.front import respond
+    from deployments.api.bodies import respond
     from vllm.exceptions import VLLMClientError
 
     lines = isinstance(req.get("first_token"), dict)

@@ -6,7 +6,6 @@ front sends so that the Finisher computing an answer knows whose it is."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from types import SimpleNamespace
 
@@ -15,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.finisher import Finisher
 from common.response import BatonInfo
 from deployments.front import relay
-from deployments.front.front import Front
+from deployments.api.apis import APIS
+from deployments.front.pipeline.dispatch import Dispatch
+from deployments.front.pipeline.request import Request
 from deployments.front.metrics import IngressMetrics, merge
 
 
@@ -90,9 +91,9 @@ DONE = b"data: [DONE]\n\n"
 TEXT = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"length"}]}\n\n'
 
 
-def _front(metrics: IngressMetrics, seen: list) -> Front:
-    """A Front with only what `_dispatch` uses; its local app is vLLM's stand-in behind
-    a Finisher counting into `metrics`, and records each request's headers and body."""
+def _front(metrics: IngressMetrics, seen: list) -> Dispatch:
+    """The front's dispatch stage; its local app is vLLM's stand-in behind a Finisher
+    counting into `metrics`, and records each request's headers and body."""
     async def vllm(scope, receive, send):
         body = json.loads((await receive())["body"])
         seen.append((dict(scope["headers"]), body))
@@ -102,13 +103,12 @@ def _front(metrics: IngressMetrics, seen: list) -> Front:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    front = Front.__new__(Front)
-    front.replica, front.metrics, front.routing = "r", metrics, None
-    front.local = Finisher(vllm, "r", on_usage=lambda *a: metrics.record_usage(*a, 16, 1))
-    return front
+    dispatch = Dispatch("r", None, 5, metrics)
+    dispatch.local = Finisher(vllm, "r", on_usage=lambda *a: metrics.record_usage(*a, 16, 1))
+    return dispatch
 
 
-def _dispatch(front: Front, body: dict, client_headers: list, route=None) -> bytes:
+def _dispatch(dispatch: Dispatch, body: dict, client_headers: list, route=None) -> bytes:
     sent = []
 
     async def send(message):
@@ -118,10 +118,11 @@ def _dispatch(front: Front, body: dict, client_headers: list, route=None) -> byt
         return {"type": "http.disconnect"}
 
     scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "headers": client_headers}
-    # The app of the request's model, where the front passes one (a catalogue of models).
-    local = {"local": front.local} if "local" in inspect.signature(Front._dispatch).parameters else {}
-    asyncio.run(front._dispatch(scope, receive, send, body, BatonInfo(), route, "chatcmpl-1", [],
-                                lambda timing: None, "acme", **local))
+    req = Request(scope, receive, send, APIS["/v1/chat/completions"])
+    req.body, req.tenant, req.route, req.app = body, "acme", route, dispatch.local
+    req.identify()
+    req.stream = relay.EarlyStream(send, req.response_headers)
+    asyncio.run(dispatch(req, lambda timing: None))
     return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
@@ -157,7 +158,6 @@ def test_the_remote_path_sends_the_same_headers(monkeypatch):
 
     monkeypatch.setattr(relay, "run_remote", run_remote)
     front = _front(IngressMetrics(), [])
-    front.http, front.cfg = None, SimpleNamespace(serve=SimpleNamespace(request_timeout_s=5))
     route = SimpleNamespace(decode_replica="other", decode_url="http://other")
     _dispatch(front, {"model": "baton-tiny", "stream": True}, [(b"x-baton-tenant", b"forged")], route)
     body, headers = calls[0]
