@@ -31,7 +31,7 @@ import redis
 from bench.common.stack import StackProcess, write_config
 from tests.e2e import prompts
 from tests.e2e.test_routing import EVENTS_SETTLE_S, engine_hit
-from tests.e2e.test_zx_indexer_restart import _indexer
+from tests.e2e.test_indexer_restart import _indexer
 
 SESSIONS, TURNS = 8, 8
 WORDS_FIRST, WORDS_PER_TURN = 220, 60

@@ -1,10 +1,19 @@
-"""One real Baton stack (Redis, Mooncake, Ray, vLLM) shared by all e2e tests."""
+"""The e2e stacks (Redis, Mooncake, Ray, vLLM), one `baton up` at a time.
+
+Tests are ordered by the stacks their fixtures need (`pytest_collection_modifyitems`),
+file order kept within each group:
+1. the shared disaggregated stack (`stack`);
+2. tests that damage it (the `destructive` fixture: replicas, the indexer or a
+   Mooncake process killed), on the same stack, which no test uses after them;
+3. the colocated stack (`colocated_stack`);
+4. tests with stacks of their own (catalogue, sites, the scale bench, ...).
+Each shared stack starts with the first test that needs it and stops after the
+last (`pytest_runtest_teardown`), so a stack never starts beside another.
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,30 +21,53 @@ import pytest
 
 from common.processes import pid_alive
 from bench.common.stack import StackProcess, write_config
-from common.constants import REPO_ROOT as REPO
 from deployments.api.api_keys import hash_key
 
 
 PIN_TTL_S = 10
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
 CAPACITY_PER_REPLICA = 2  # 2 decode replicas: 4 engine permits, so overload is cheap to make
+_KEYS = {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("baton")
+def _param(item, value: str) -> bool:
+    spec = getattr(item, "callspec", None)
+    return spec is not None and value in spec.params.values()
+
+
+def _needs_shared(item) -> bool:
+    return "stack" in item.fixturenames or _param(item, "disaggregated")
+
+
+def _needs_colocated(item) -> bool:
+    return "colocated_stack" in item.fixturenames or _param(item, "colocated")
+
+
+def _group(item) -> int:
+    if _needs_shared(item):
+        return 1 if "destructive" in item.fixturenames else 0
+    return 2 if _needs_colocated(item) else 3
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=_group)  # stable: file order within a group
+
+
+def _start_shared(workdir: Path) -> StackProcess:
     s = StackProcess(write_config(
-        workdir,
-        decode={"replicas": 2},
+        workdir, decode={"replicas": 2},
         routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
-        serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"}, "engine_metrics": True},
+        serve={"api_keys": _KEYS, "engine_metrics": True},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
     s.start()
-    yield s
-    # Ctrl-C/SIGTERM must leave nothing behind: `up` exits 0 and every
-    # child it started (Redis, Mooncake master and store) is gone, including
-    # children it restarted since (state.json has their current PIDs).
+    return s
+
+
+def _stop_shared(s: StackProcess) -> None:
+    """Ctrl-C/SIGTERM must leave nothing behind: `up` exits 0 and every child it started (Redis,
+    Mooncake master and store) is gone, including children it restarted since (state.json has
+    their current PIDs)."""
     current = json.loads((Path(s.cfg["state_dir"]) / "state.json").read_text())["children"]
     pids = set(s.children.values()) | set(current.values())
     assert s.stop() == 0, s.tail()
@@ -43,14 +75,99 @@ def stack(tmp_path_factory):
     assert [pid for pid in pids if pid_alive(pid)] == []
 
 
+def _start_colocated(workdir: Path) -> StackProcess:
+    """Baton colocated with two routed replicas (routing.colocated_router), keys required."""
+    s = StackProcess(write_config(
+        workdir, colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
+        serve={"api_keys": _KEYS, "require_api_key": True},
+        admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16}))
+    s.start()
+    return s
+
+
+def _stop_colocated(s: StackProcess) -> None:
+    assert s.stop() == 0, s.tail()
+
+
+# name -> (whether a test needs it, start(workdir), stop(stack))
+_KINDS = {"shared": (_needs_shared, _start_shared, _stop_shared),
+          "colocated": (_needs_colocated, _start_colocated, _stop_colocated)}
+_RUNNING: dict[str, StackProcess] = {}
+
+
+def _get(kind: str, tmp_path_factory) -> StackProcess:
+    if kind not in _RUNNING:
+        _RUNNING[kind] = _KINDS[kind][1](tmp_path_factory.mktemp(kind))
+    return _RUNNING[kind]
+
+
 @pytest.fixture(scope="session")
-def reference(stack):
-    """Greedy tokens of a plain colocated vLLM engine on the same prompts."""
-    out = subprocess.run([sys.executable, "-m", "tests.e2e.reference", str(stack.config)],
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = next(l for l in out.stdout.splitlines() if l.startswith("REFERENCE_JSON "))
-    return json.loads(line.split(" ", 1)[1])
+def stack(tmp_path_factory):
+    """The shared disaggregated stack: 1 prefill and 2 decode replicas, two tenants' keys."""
+    return _get("shared", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def colocated_stack(tmp_path_factory):
+    """Baton colocated with two routed replicas (routing.colocated_router), keys required."""
+    return _get("colocated", tmp_path_factory)
+
+
+@pytest.fixture
+def destructive():
+    """Marks a test that damages the shared stack: it runs after every other test of that stack."""
+
+
+def pytest_runtest_teardown(item, nextitem):
+    later = item.session.items[item.session.items.index(item) + 1:]
+    for kind in list(_RUNNING):
+        needs = _KINDS[kind][0]
+        if not any(needs(i) for i in later):
+            _KINDS[kind][2](_RUNNING.pop(kind))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for kind in list(_RUNNING):
+        _RUNNING.pop(kind).stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_answers(tmp_path_factory):
+    """What `vllm serve` answers on the stacks' model, taken once, its server stopped after:
+    `agent`, each agent case's result (tests/e2e/agent_cases.py), and `tokens`, the greedy
+    tokens of each prompt case (tests/e2e/prompts.py), as {"mode/name": {"prompt_ids", "token_ids"}}."""
+    import httpx
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    from bench.common.peers import VllmServe
+    from common.config import load_config
+    from tests.e2e import prompts
+    from tests.e2e.agent_cases import CASES
+
+    workdir = tmp_path_factory.mktemp("vllm-serve")
+    cfg = load_config(write_config(workdir, decode={"replicas": 2}))
+    tok = AutoTokenizer.from_pretrained(str(cfg.model.resolved_path()))
+    with VllmServe(cfg, workdir / "vllm-serve.log") as server:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        agent = {case.__name__: case(client) for case in CASES}
+        tokens = {}
+        for mode in ("plain", "stream", "first"):
+            for name, messages in prompts.cases(mode).items():
+                text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                ids = tok.encode(text, add_special_tokens=False)
+                r = httpx.post(f"{server.url}/v1/completions", timeout=120, json={
+                    "model": cfg.model.served_name, "prompt": ids, "max_tokens": prompts.MAX_TOKENS,
+                    "temperature": 0, "return_token_ids": True})
+                r.raise_for_status()
+                tokens[f"{mode}/{name}"] = {"prompt_ids": ids, "token_ids": r.json()["choices"][0]["token_ids"]}
+    return {"agent": agent, "tokens": tokens}
+
+
+@pytest.fixture(scope="session")
+def reference(vllm_answers):
+    """Greedy tokens of `vllm serve` (a plain colocated vLLM engine) on the prompt cases."""
+    return vllm_answers["tokens"]
 
 
 @pytest.fixture(scope="session")
@@ -58,44 +175,3 @@ def client(stack):
     from openai import OpenAI
 
     return OpenAI(base_url=f"{stack.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
-
-
-_COLOCATED: dict = {}  # the running colocated stack, while tests that use it remain
-
-
-@pytest.fixture
-def colocated_stack(tmp_path_factory):
-    """Baton colocated with two routed replicas (routing.colocated_router), keys required. Started by
-    the first test that uses it and stopped after the last (pytest_runtest_teardown), so it runs
-    beside the shared stack only while the agent API modules run."""
-    if "stack" not in _COLOCATED:
-        s = StackProcess(write_config(
-            tmp_path_factory.mktemp("colocated"), colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
-            serve={"api_keys": {hash_key(KEY_A): "tenant-a", hash_key(KEY_B): "tenant-b"},
-                   "require_api_key": True},
-            admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16}))
-        s.start()
-        _COLOCATED["stack"] = s
-    return _COLOCATED["stack"]
-
-
-def _needs_colocated(item) -> bool:
-    spec = getattr(item, "callspec", None)
-    return "colocated_stack" in item.fixturenames or (spec is not None and "colocated" in spec.params.values())
-
-
-def _stop_colocated() -> None:
-    s = _COLOCATED.pop("stack", None)
-    if s is not None:
-        assert s.stop() == 0, s.tail()
-
-
-def pytest_runtest_teardown(item, nextitem):
-    if _COLOCATED:
-        items = item.session.items
-        if not any(_needs_colocated(i) for i in items[items.index(item) + 1:]):
-            _stop_colocated()
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _stop_colocated()

@@ -1,7 +1,7 @@
 """The KV indexer restarts while the engines keep publishing: the new one fills
 what it missed from every engine's replay buffer, and predictions stay exact.
 
-Runs after the routing tests (file order) and before the failure tests.
+It damages the shared stack (the `destructive` fixture): it runs after every test that keeps it whole.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from tests.e2e import prompts
 from tests.e2e.test_routing import EVENTS_SETTLE_S, chat, engine_hit
@@ -24,6 +25,8 @@ names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
 stats = serve.get_deployment_handle("kv_indexer", app_name="baton").stats.remote().result()
 print("INDEXER " + json.dumps({"actors": names, "stats": stats}))
 """
+
+pytestmark = pytest.mark.usefixtures("destructive")
 
 
 def _indexer(stack) -> dict:

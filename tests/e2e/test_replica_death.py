@@ -1,4 +1,5 @@
-"""Runs last (file order): decode replicas die with requests on them.
+"""Decode replicas die with requests on them (the `destructive` fixture: after every test
+that needs the shared stack whole).
 
 Each case is made to happen for certain, not by racing a timer, and every
 wait is bounded (nothing may hang):
@@ -26,6 +27,7 @@ import json
 import time
 
 import httpx
+import pytest
 import redis
 
 from routing.prefix.redis_state import registry_key
@@ -33,6 +35,8 @@ from tests.e2e import prompts
 from tests.e2e.test_routing import chat
 
 WAIT_S = 120  # the longest any request here may take
+
+pytestmark = pytest.mark.usefixtures("destructive")
 
 
 def test_a_request_sent_to_a_dead_replica_is_retried_before_its_first_token(stack):

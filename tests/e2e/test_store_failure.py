@@ -1,6 +1,7 @@
 """Killing the Mooncake store or master mid-run: requests keep succeeding by
 recomputing, `baton status` reports the store degraded, and `baton up`
-restarts it, after which decode loads KV from the store again."""
+restarts it, after which decode loads KV from the store again (the `destructive` fixture:
+after every test that needs the shared stack whole)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from tests.e2e import prompts
 from tests.e2e.test_routing import chat
+
+pytestmark = pytest.mark.usefixtures("destructive")
 
 
 def _state(stack) -> dict:
