@@ -158,12 +158,13 @@ def cmd_secrets(args) -> int:
 
 
 BENCHES = ("serve", "ttft", "load", "affinity", "overload", "reject", "router", "kv", "models", "sites", "autoscale",
-           "spec", "scale")
+           "spec", "scale", "chaos")
 
 
 def cmd_bench(args) -> int:
     from bench.affinity import affinity
     from bench.autoscale import autoscale
+    from bench.chaos import chaos
     from bench.kv import kv
     from bench.load import load
     from bench.models import models
@@ -178,7 +179,7 @@ def cmd_bench(args) -> int:
 
     modules = {"serve": serve, "ttft": ttft, "load": load, "affinity": affinity, "overload": overload,
                "reject": reject, "router": router, "kv": kv, "models": models, "sites": sites,
-               "autoscale": autoscale, "spec": spec, "scale": scale}
+               "autoscale": autoscale, "spec": spec, "scale": scale, "chaos": chaos}
     interrupt_on_sigterm()
     return modules[args.what].main(args.extra)
 

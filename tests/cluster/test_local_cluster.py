@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -151,14 +152,19 @@ def test_unauthenticated_clients_are_refused(cluster):
     home = cluster.work / "intruder-home"  # no ~/.ray/auth_token to fall back on
     home.mkdir(exist_ok=True)
     base = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
-    for label, extra in (("no token", {}), ("wrong token", {"RAY_AUTH_MODE": "token",
-                                                            "RAY_AUTH_TOKEN_PATH": str(wrong)})):
+
+    def intrude(extra: dict) -> str:
         env = {**base, **extra, "HOME": str(home), "RAY_gcs_rpc_server_reconnect_timeout_s": "10"}
         try:
-            out = subprocess.run([PYTHON, "-c", INTRUDER, cluster.address], cwd=REPO, env=env,
-                                 capture_output=True, text=True, timeout=90).stdout
+            return subprocess.run([PYTHON, "-c", INTRUDER, cluster.address], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=90).stdout
         except subprocess.TimeoutExpired:
-            out = "REFUSED (still waiting for the GCS after 90 s)"
+            return "REFUSED (still waiting for the GCS after 90 s)"
+
+    attempts = {"no token": {}, "wrong token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(wrong)}}
+    with ThreadPoolExecutor(len(attempts)) as pool:  # both wait out the GCS's refusal at once
+        outs = dict(zip(attempts, pool.map(intrude, attempts.values())))
+    for label, out in outs.items():
         assert "CONNECTED" not in out, f"{label}: a Ray driver got in:\n{out}"
         print(f"Ray driver with {label}: {out.strip()[:200]}")
     assert cluster.probe()["nodes"], "the driver with the token must still get in"

@@ -1,0 +1,197 @@
+"""`baton bench chaos`: each component killed in turn under steady traffic, and what users saw.
+
+One Baton stack (`baton up`: disaggregated or colocated, on real CPU engines or on
+the timed executor, actors/sim/) takes steady mixed traffic (bench/chaos/traffic.py:
+streamed and plain chat, agent sessions with `x-session-affinity`) at `--load` of
+its measured capacity. For each fault (bench/chaos/faults.py) the traffic runs
+`--before` seconds, the component is SIGKILLed, and the traffic runs `--after`
+seconds more; then the bench waits until the component is back before the next.
+
+Per fault it reports:
+- every request's outcome (bench/chaos/outcomes.py): ok, retried, clean_error,
+  and what must be 0: unclean_error, dropped, hung, truncated;
+- of the requests that had no byte yet when the component died (in flight
+  then, or sent after), the share answered (`unaffected_share`), and how many
+  streams were cut mid-answer (those end with an error event, or are truncated);
+- `goodput_back_s`: seconds until answers per second are within 10% of
+  before the kill; `component_back_s`: until the component itself is back.
+JSON, and a timeline plot of good and bad answers per second around each kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.chaos.faults import FAULTS, Fault
+from bench.chaos.outcomes import BAD, counts, goodput_back_s, timeline
+from bench.chaos.traffic import Traffic
+from bench.common.report import emit
+from bench.common.stack import StackProcess, bench_workdir, write_config
+from common.config import load_config
+
+SHORT = {"engine": "timed", "layout": "colocated", "replicas": 3, "faults": "decode,indexer,redis,mooncake-store",
+         "before": 5.0, "after": 12.0}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="baton bench chaos", description=__doc__.splitlines()[0])
+    p.add_argument("--layout", choices=("disaggregated", "colocated"), default="disaggregated")
+    p.add_argument("--engine", choices=("cpu", "timed"), default="cpu",
+                   help="real CPU engines, or the timed executor (colocated only: it moves no KV)")
+    p.add_argument("--replicas", type=int, default=2, help="decode (or colocated) replicas")
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
+    p.add_argument("--load", type=float, default=0.7, help="offered rate as a share of the measured capacity")
+    p.add_argument("--rate", type=float, help="offered requests/s (instead of --load)")
+    p.add_argument("--before", type=float, default=10.0, help="seconds of traffic before each kill")
+    p.add_argument("--after", type=float, default=30.0, help="seconds of traffic after each kill")
+    p.add_argument("--deadline", type=float, default=30.0, help="seconds without a byte that make a request hung")
+    p.add_argument("--recover-timeout", type=float, default=300.0, help="longest wait for a component to be back")
+    p.add_argument("--short", action="store_true",
+                   help="the CI mode: timed executor, colocated, 3 replicas, one fault per component kind")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--plot", type=Path)
+    args = p.parse_args(argv)
+    if args.short:
+        for k, v in SHORT.items():
+            setattr(args, k, v)
+    if args.engine == "timed" and args.layout != "colocated":
+        p.error("--engine timed runs colocated only (the timed executor moves no KV)")
+    return args
+
+
+def stack_config(args: argparse.Namespace, workdir: Path) -> Path:
+    """The stack's config: the layout, replicas and engine asked for; heartbeats every second."""
+    decode: dict = {"replicas": args.replicas}
+    model = {}
+    if args.engine == "timed":
+        from bench.scale.scale import sim_engine
+
+        decode["engine_args"] = sim_engine("h100_llama31_8b", 1.0)
+        model = {"block_size": 16}
+    return write_config(workdir, colocated=args.layout == "colocated", tracing={"exporter": "none"}, model=model,
+                        decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3})
+
+
+def capacity(url: str, model: str, seconds: float = 6.0, concurrency: int = 16) -> float:
+    """Answers per second of a closed loop of `concurrency` plain requests (the traffic's size)."""
+    async def loop(client: httpx.AsyncClient, done: list, end: float) -> None:
+        while time.monotonic() < end:
+            r = await client.post(f"{url}/v1/chat/completions", json={
+                "model": model, "max_tokens": 16, "temperature": 0,
+                "messages": [{"role": "user", "content": f"capacity probe {len(done)} " * 20}]})
+            if r.status_code == 200:
+                done.append(time.monotonic())
+
+    async def run() -> float:
+        done: list = []
+        async with httpx.AsyncClient(timeout=60) as client:
+            start = time.monotonic()
+            await asyncio.gather(*(loop(client, done, start + seconds) for _ in range(concurrency)))
+            return len(done) / (time.monotonic() - start)
+
+    return asyncio.run(run())
+
+
+async def _under_traffic(fault: Fault, traffic: Traffic, args) -> tuple[float, float, str, float | None]:
+    """Runs the traffic, kills at `before`; (start, kill time, victim, seconds until the component was back)."""
+    start = time.monotonic()
+    load = asyncio.ensure_future(traffic.run(args.before + args.after))
+    await asyncio.sleep(args.before)
+    killed_at = time.monotonic()
+    victim = await asyncio.to_thread(fault.inject)
+    back = None
+    while back is None and time.monotonic() - killed_at < args.recover_timeout:
+        if await asyncio.to_thread(fault.recovered):
+            back = round(time.monotonic() - killed_at, 2)
+        elif load.done() and time.monotonic() - killed_at > args.before + args.after:
+            await asyncio.sleep(1)
+        else:
+            await asyncio.sleep(0.5)
+    await load
+    return start, killed_at, victim, back
+
+
+def run_fault(stack: StackProcess, name: str, rate: float, model: str, args, seed: int) -> dict:
+    """One fault under traffic; its report (see the module docstring)."""
+    fault = Fault(stack, name)
+    traffic = Traffic(stack.url, model, rate, deadline_s=args.deadline, seed=seed)
+    start, killed_at, victim, back = asyncio.run(_under_traffic(fault, traffic, args))
+    attempts = traffic.attempts
+    end = max((a.ended for a in attempts if a.ended), default=killed_at)
+    no_byte = [a for a in attempts if a.sent >= killed_at
+               or (a.sent < killed_at and (a.first_byte is None or a.first_byte > killed_at)
+                   and (a.ended or 0) > killed_at)]
+    cut = [a for a in attempts if a.stream and a.first_byte is not None and a.first_byte <= killed_at
+           and (a.ended or 0) > killed_at]
+    answered = sum(1 for a in no_byte if a.outcome() in ("ok", "retried"))
+    good_ends = sorted(a.ended for a in attempts if a.ended and a.outcome() in ("ok", "retried"))
+    c = counts(attempts)
+    return {
+        "fault": name, "killed": victim, "offered_rps": round(rate, 2), "sent": len(attempts), **c,
+        "bad": sum(c[k] for k in BAD),
+        "no_byte_at_kill": len(no_byte), "unaffected_share": round(answered / len(no_byte), 4) if no_byte else None,
+        "streams_cut": len(cut), "streams_cut_outcomes": counts(cut),
+        "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
+        "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
+        "timeline": timeline(attempts, start, end),
+    }
+
+
+def plot(doc: dict, path: Path) -> None:
+    """Good and bad answers per second around each kill, one panel per fault."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = doc["faults"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.2 * len(runs)), squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        t = list(range(len(r["timeline"]["good"])))
+        ax.plot(t, r["timeline"]["good"], label="answered", color="tab:green")
+        ax.bar(t, r["timeline"]["bad"], label="bad (error, hung, cut)", color="tab:red", alpha=0.6)
+        ax.axvline(r["kill_at_s"], color="black", linestyle="--", label="kill")
+        if r["component_back_s"] is not None:
+            ax.axvline(r["kill_at_s"] + r["component_back_s"], color="tab:blue", linestyle=":", label="back")
+        ax.set_title(f"{r['fault']} killed ({doc['layout']}, {doc['engine']} engines)", fontsize=9)
+        ax.set_ylabel("per s")
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    workdir = bench_workdir("chaos")
+    cfg_path = stack_config(args, workdir / f"{args.layout}-{args.engine}")
+    model = load_config(cfg_path, environ={}).model.served_name
+    stack = StackProcess(cfg_path)
+    print(f"starting Baton ({args.layout}, {args.engine} engines, {args.replicas} replicas) ...", file=sys.stderr)
+    stack.start()
+    runs = []
+    try:
+        rate = args.rate or args.load * capacity(stack.url, model)
+        print(f"offered rate {rate:.1f} req/s", file=sys.stderr)
+        for i, name in enumerate(n for n in args.faults.split(",") if n):
+            if not Fault(stack, name).applies():
+                print(f"  {name}: not in this layout, skipped", file=sys.stderr)
+                continue
+            print(f"  [{i + 1}] {name}: {args.before:.0f} s, kill, {args.after:.0f} s ...", file=sys.stderr)
+            r = run_fault(stack, name, rate, model, args, seed=i)
+            print(f"      sent {r['sent']}, bad {r['bad']}, unaffected {r['unaffected_share']}, goodput back "
+                  f"{r['goodput_back_s']} s, component back {r['component_back_s']} s", file=sys.stderr)
+            runs.append(r)
+    finally:
+        stack.stop()
+    doc = {"bench": "chaos", "layout": args.layout, "engine": args.engine, "replicas": args.replicas,
+           "load": args.load, "deadline_s": args.deadline, "faults": runs}
+    emit(doc, args.out, args.plot, plot)
+    return 0

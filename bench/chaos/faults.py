@@ -1,0 +1,122 @@
+"""What `baton bench chaos` kills, and how it knows the component is back.
+
+Each fault SIGKILLs one component of a running stack (bench/common/stack.py), as
+a crash would:
+- `decode` / `prefill`: one replica of that pool, its process and its vLLM
+  engine core (a colocated replica is a `decode` one); Serve starts a
+  replacement, back when the pool has as many live replicas as before;
+- `indexer`: the KV indexer's actor (`ray.kill`, Ray's SIGKILL of an actor);
+  Serve starts another, back when one is alive;
+- `redis`, `mooncake-master`, `mooncake-store`: the process `baton up`
+  started; its supervision starts another, back when state.json names a new
+  PID that accepts connections.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import redis as redis_lib
+
+from bench.common.stack import StackProcess
+from routing.prefix.redis_state import registry_key
+
+POOL_FAULTS = ("decode", "prefill")
+CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store")
+FAULTS = (*POOL_FAULTS, "indexer", *CHILD_FAULTS)
+
+_INDEXER = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+         if a["name"].startswith("SERVE_REPLICA::baton#kv_indexer#")]
+for name in names[:1] if sys.argv[2] == "kill" else []:
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+print("INDEXERS " + ",".join(names))
+"""
+
+
+def _live(stack: StackProcess, pool: str) -> list[str]:
+    timeout = stack.cfg["routing"].get("replica_timeout_s", 5)
+    try:
+        raw = redis_lib.Redis.from_url(stack.cfg["redis"]["url"], socket_timeout=2).hgetall(registry_key(pool))
+    except redis_lib.RedisError:
+        return []
+    return sorted(k.decode() for k, v in raw.items() if time.time() - json.loads(v)["ts"] <= timeout)
+
+
+def _children(stack: StackProcess) -> dict[str, int]:
+    return json.loads((Path(stack.cfg["state_dir"]) / "state.json").read_text())["children"]
+
+
+def _indexers(stack: StackProcess, action: str = "list") -> list[str]:
+    line = next(x for x in stack.driver(_INDEXER, action).splitlines() if x.startswith("INDEXERS "))
+    return [n for n in line.split(" ", 1)[1].split(",") if n]
+
+
+def _accepts(url: str) -> bool:
+    host, port = url.rsplit("//", 1)[-1].split("/")[0].rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _child_name(stack: StackProcess, fault: str) -> str:
+    want = "redis" if fault == "redis" else fault
+    return next(n for n in _children(stack) if want in n)
+
+
+class Fault:
+    """One kill of one component; `recovered()` polls whether it is back."""
+
+    def __init__(self, stack: StackProcess, name: str):
+        if name not in FAULTS:
+            raise ValueError(f"unknown fault {name!r}: one of {FAULTS}")
+        self.stack, self.name = stack, name
+        self.before: object = None
+
+    def applies(self) -> bool:
+        """Whether this stack has the component (a colocated stack has no prefill pool)."""
+        if self.name in POOL_FAULTS:
+            return bool(_live(self.stack, self.name))
+        return True
+
+    def inject(self) -> str:
+        """Kills the component; returns what was killed. Changes the stack."""
+        s = self.stack
+        if self.name in POOL_FAULTS:
+            self.before = _live(s, self.name)
+            victim = self.before[0]
+            s.crash(s.replica_processes(self.name, victim))
+            return victim
+        if self.name == "indexer":
+            self.before = _indexers(s, "kill")
+            return self.before[0] if self.before else "none"
+        name = _child_name(s, self.name)
+        self.before = _children(s)[name]
+        os.kill(self.before, signal.SIGKILL)
+        return f"{name} pid {self.before}"
+
+    def recovered(self) -> bool:
+        """Whether the component is back (see the module docstring); changes nothing."""
+        s = self.stack
+        try:
+            if self.name in POOL_FAULTS:
+                live = _live(s, self.name)
+                return len(live) >= len(self.before) and live != self.before
+            if self.name == "indexer":
+                now = _indexers(s)
+                return bool(now) and now != self.before
+            name = _child_name(s, self.name)
+            pid = _children(s)[name]
+            url = s.cfg["redis"]["url"] if self.name == "redis" else None
+            return pid != self.before and (url is None or _accepts(url))
+        except (OSError, RuntimeError, ValueError, StopIteration, KeyError):
+            return False

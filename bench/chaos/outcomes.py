@@ -1,0 +1,111 @@
+"""What each request ended as around a fault, and when goodput came back. Pure: times are passed in.
+
+A request ends as one of `OUTCOMES`:
+- `ok`: a whole answer (a finish reason);
+- `retried`: a whole answer that Baton ran again after a replica failed (its
+  `baton.retried_after`), which the client did not see;
+- `clean_error`: an error the client can act on: a 4xx/5xx with an
+  OpenAI-style JSON body, or a stream that ends with an error event;
+- `unclean_error`: an error status whose body is not OpenAI's shape;
+- `dropped`: the connection failed before any response;
+- `hung`: no byte for longer than the deadline (the client gave up);
+- `truncated`: a stream or body that ended with no finish reason and no error.
+The last four are what a fault must never cause.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+OUTCOMES = ("ok", "retried", "clean_error", "unclean_error", "dropped", "hung", "truncated")
+BAD = ("unclean_error", "dropped", "hung", "truncated")
+
+
+@dataclass
+class Attempt:
+    """One request as the client saw it (times: the load's monotonic clock)."""
+
+    stream: bool
+    sent: float
+    session: str | None = None
+    status: int | None = None
+    first_byte: float | None = None
+    ended: float | None = None
+    hung: bool = False
+    body: bytes = b""
+    extra: dict = field(default_factory=dict)
+
+    def outcome(self) -> str:
+        """Which of OUTCOMES this request ended as; changes nothing."""
+        if self.hung:
+            return "hung"
+        if self.status is None:
+            return "dropped"
+        if self.status != 200:
+            return "clean_error" if _error_body(self.body) else "unclean_error"
+        events = _sse(self.body) if self.stream else [_json(self.body)]
+        if any(isinstance(e, dict) and "error" in e for e in events):
+            return "clean_error"
+        finished = any(isinstance(e, dict) and any(c.get("finish_reason") for c in e.get("choices") or [])
+                       for e in events)
+        if not finished or (self.stream and not self.body.rstrip().endswith(b"data: [DONE]")):
+            return "truncated"
+        retried = any(isinstance(e, dict) and (e.get("baton") or {}).get("retried_after") for e in events)
+        return "retried" if retried else "ok"
+
+
+def _json(raw: bytes):
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _error_body(raw: bytes) -> bool:
+    doc = _json(raw)
+    return isinstance(doc, dict) and isinstance(doc.get("error"), dict) and "message" in doc["error"]
+
+
+def _sse(raw: bytes) -> list:
+    out = []
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
+            out.append(_json(line[6:]))
+    return out
+
+
+def counts(attempts: list[Attempt]) -> dict[str, int]:
+    """How many attempts ended as each outcome (every outcome named, zeros included)."""
+    out = dict.fromkeys(OUTCOMES, 0)
+    for a in attempts:
+        out[a.outcome()] += 1
+    return out
+
+
+def goodput_back_s(done: list[float], fault_at: float, end: float, before_s: float = 10.0,
+                   window_s: float = 3.0, share: float = 0.9, step_s: float = 0.25) -> float | None:
+    """Seconds after `fault_at` until goodput (answers ended per second, `done`) over a `window_s`
+    window is back to `share` of its mean over the `before_s` before the fault; None if it never
+    is by `end`. 0.0 when it never dropped below that."""
+    before = sum(1 for t in done if fault_at - before_s <= t < fault_at) / before_s
+    if before == 0:
+        return None
+    t = fault_at
+    while t + window_s <= end:
+        if sum(1 for d in done if t <= d < t + window_s) / window_s >= share * before:
+            return round(t - fault_at, 2)
+        t += step_s
+    return None
+
+
+def timeline(attempts: list[Attempt], start: float, end: float, bin_s: float = 1.0) -> dict[str, list[int]]:
+    """Per `bin_s` bin from `start`: answers ended well (`good`) and ended badly or in error (`bad`)."""
+    n = max(1, int((end - start) / bin_s) + 1)
+    good, bad = [0] * n, [0] * n
+    for a in attempts:
+        at = a.ended if a.ended is not None else a.sent
+        i = int((at - start) / bin_s)
+        if 0 <= i < n:
+            (good if a.outcome() in ("ok", "retried") else bad)[i] += 1
+    return {"good": good, "bad": bad}
