@@ -9,7 +9,8 @@ seconds more; then the bench waits until the component is back before the next.
 
 Per fault it reports:
 - every request's outcome (bench/chaos/outcomes.py): ok, retried, clean_error,
-  and what must be 0: unclean_error, dropped, hung, truncated;
+  the failures a client sees (dropped, broken), and what must be 0 (`silent`:
+  hung, truncated, an error not in OpenAI's shape);
 - of the requests that had no byte yet when the component died (in flight
   then, or sent after), the share answered (`unaffected_share`), and how many
   streams were cut mid-answer (those end with an error event, or are truncated);
@@ -26,10 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.chaos.faults import FAULTS, Fault
-from bench.chaos.outcomes import BAD, counts, goodput_back_s, timeline
+from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, timeline
 from bench.chaos.traffic import Traffic
 from bench.common.report import emit
 from bench.common.stack import StackProcess, bench_workdir, write_config
@@ -78,24 +77,9 @@ def stack_config(args: argparse.Namespace, workdir: Path) -> Path:
                         decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3})
 
 
-def capacity(url: str, model: str, seconds: float = 6.0, concurrency: int = 16) -> float:
-    """Answers per second of a closed loop of `concurrency` plain requests (the traffic's size)."""
-    async def loop(client: httpx.AsyncClient, done: list, end: float) -> None:
-        while time.monotonic() < end:
-            r = await client.post(f"{url}/v1/chat/completions", json={
-                "model": model, "max_tokens": 16, "temperature": 0,
-                "messages": [{"role": "user", "content": f"capacity probe {len(done)} " * 20}]})
-            if r.status_code == 200:
-                done.append(time.monotonic())
-
-    async def run() -> float:
-        done: list = []
-        async with httpx.AsyncClient(timeout=60) as client:
-            start = time.monotonic()
-            await asyncio.gather(*(loop(client, done, start + seconds) for _ in range(concurrency)))
-            return len(done) / (time.monotonic() - start)
-
-    return asyncio.run(run())
+def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -> float:
+    """Whole answers per second of the traffic's own mix from `concurrency` closed-loop clients."""
+    return asyncio.run(Traffic(url, model, rate=1.0, seed=99).closed(seconds, concurrency))
 
 
 async def _under_traffic(fault: Fault, traffic: Traffic, args) -> tuple[float, float, str, float | None]:
@@ -134,7 +118,7 @@ def run_fault(stack: StackProcess, name: str, rate: float, model: str, args, see
     c = counts(attempts)
     return {
         "fault": name, "killed": victim, "offered_rps": round(rate, 2), "sent": len(attempts), **c,
-        "bad": sum(c[k] for k in BAD),
+        "bad": sum(c[k] for k in BAD), "silent": sum(c[k] for k in SILENT),
         "no_byte_at_kill": len(no_byte), "unaffected_share": round(answered / len(no_byte), 4) if no_byte else None,
         "streams_cut": len(cut), "streams_cut_outcomes": counts(cut),
         "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
@@ -186,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"  [{i + 1}] {name}: {args.before:.0f} s, kill, {args.after:.0f} s ...", file=sys.stderr)
             r = run_fault(stack, name, rate, model, args, seed=i)
-            print(f"      sent {r['sent']}, bad {r['bad']}, unaffected {r['unaffected_share']}, goodput back "
+            print(f"      sent {r['sent']}, bad {r['bad']} (silent {r['silent']}), unaffected {r['unaffected_share']}, goodput back "
                   f"{r['goodput_back_s']} s, component back {r['component_back_s']} s", file=sys.stderr)
             runs.append(r)
     finally:

@@ -8,9 +8,13 @@ A request ends as one of `OUTCOMES`:
   OpenAI-style JSON body, or a stream that ends with an error event;
 - `unclean_error`: an error status whose body is not OpenAI's shape;
 - `dropped`: the connection failed before any response;
+- `broken`: the connection broke mid-answer (the client gets a transport
+  error: the front that held it died);
 - `hung`: no byte for longer than the deadline (the client gave up);
-- `truncated`: a stream or body that ended with no finish reason and no error.
-The last four are what a fault must never cause.
+- `truncated`: an answer that ended cleanly with no finish reason and no
+  error: a silent cut.
+`dropped` and `broken` are failures the client sees; `SILENT` ones (and an
+error that is not OpenAI's shape) are what a fault must never cause.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-OUTCOMES = ("ok", "retried", "clean_error", "unclean_error", "dropped", "hung", "truncated")
-BAD = ("unclean_error", "dropped", "hung", "truncated")
+OUTCOMES = ("ok", "retried", "clean_error", "unclean_error", "dropped", "broken", "hung", "truncated")
+BAD = ("unclean_error", "dropped", "broken", "hung", "truncated")
+SILENT = ("unclean_error", "hung", "truncated")
 
 
 @dataclass
@@ -50,7 +55,7 @@ class Attempt:
         finished = any(isinstance(e, dict) and any(c.get("finish_reason") for c in e.get("choices") or [])
                        for e in events)
         if not finished or (self.stream and not self.body.rstrip().endswith(b"data: [DONE]")):
-            return "truncated"
+            return "broken" if self.extra.get("error") else "truncated"
         retried = any(isinstance(e, dict) and (e.get("baton") or {}).get("retried_after") for e in events)
         return "retried" if retried else "ok"
 

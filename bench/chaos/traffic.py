@@ -39,21 +39,41 @@ class Traffic:
         words = " ".join(self.rng.choice(WORDS) for _ in range(40))
         if session is None:
             return words
-        self.turns[session] = (self.turns.get(session, "") + " " + words).strip()[-6000:]
+        # A session's prompt grows turn by turn up to a bound, so the load stays the same over a run.
+        self.turns[session] = (self.turns.get(session, "") + " " + words).strip()[-2000:]
         return self.turns[session]
 
+    def _next(self, client: httpx.AsyncClient):
+        """The next request of the mix, as a coroutine."""
+        session = f"chaos-{self.rng.randrange(self.sessions)}" if self.rng.random() < self.session_share else None
+        return self._one(client, self.rng.random() < self.stream_share, session, self._prompt(session))
+
     async def run(self, seconds: float) -> None:
-        """Sends requests for `seconds`, then waits for those in flight (each bounded by its deadline)."""
+        """Sends requests at `rate` for `seconds`, then waits for those in flight (each bounded by its
+        deadline)."""
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=None, limits=limits) as client:
             tasks, end = [], time.monotonic() + seconds
             while (now := time.monotonic()) < end:
-                session = (f"chaos-{self.rng.randrange(self.sessions)}"
-                           if self.rng.random() < self.session_share else None)
-                tasks.append(asyncio.ensure_future(self._one(client, self.rng.random() < self.stream_share,
-                                                             session, self._prompt(session))))
+                tasks.append(asyncio.ensure_future(self._next(client)))
                 await asyncio.sleep(min(self.rng.expovariate(self.rate), max(0.0, end - now)))
             await asyncio.gather(*tasks)
+
+    async def closed(self, seconds: float, concurrency: int) -> float:
+        """The same mix from `concurrency` clients that each send their next request when the last
+        ended, for `seconds`: whole answers per second (the capacity the open load is a share of)."""
+        async with httpx.AsyncClient(timeout=None) as client:
+            start = time.monotonic()
+
+            async def worker() -> None:
+                while time.monotonic() - start < seconds:
+                    await self._next(client)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            took = time.monotonic() - start
+        good = sum(1 for a in self.attempts if a.outcome() in ("ok", "retried"))
+        self.attempts = []
+        return good / took
 
     async def _one(self, client: httpx.AsyncClient, stream: bool, session: str | None, prompt: str) -> None:
         a = Attempt(stream=stream, sent=time.monotonic(), session=session)

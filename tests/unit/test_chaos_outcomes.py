@@ -37,13 +37,16 @@ def test_a_cut_stream_is_truncated_and_silence_is_hung_or_dropped():
     assert _stream(CHUNK + CHUNK).outcome() == "truncated"
     assert _stream(CHUNK + LAST).outcome() == "truncated"  # no [DONE]: the stream did not end
     assert _plain({"choices": [{"finish_reason": None}]}).outcome() == "truncated"
+    cut = _stream(CHUNK)
+    cut.extra["error"] = "RemoteProtocolError"  # the connection broke: the client knows
+    assert cut.outcome() == "broken"
     assert Attempt(stream=True, sent=0, status=200, hung=True).outcome() == "hung"
     assert Attempt(stream=False, sent=0).outcome() == "dropped"
 
 
 def test_counts_name_every_outcome():
     c = counts([_stream(CHUNK + LAST + DONE), _stream(CHUNK)])
-    assert c["ok"] == 1 and c["truncated"] == 1 and c["hung"] == 0 and len(c) == 7
+    assert c["ok"] == 1 and c["truncated"] == 1 and c["hung"] == 0 and len(c) == 8
 
 
 def test_goodput_is_back_when_a_window_reaches_nine_tenths_of_before():

@@ -1,0 +1,27 @@
+"""`baton bench chaos --short`: one fault of each kind on the timed executor, under traffic.
+
+A regression that makes a fault hang a request, cut a stream without an error
+event, or leave a component down fails here. Its own stack (colocated, timed
+executor), after the shared stacks (tests/e2e/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+from bench.chaos import chaos
+from bench.chaos.outcomes import BAD
+
+
+def test_short_chaos_run_hangs_nothing_and_everything_comes_back(tmp_path):
+    out = tmp_path / "chaos.json"
+    assert chaos.main(["--short", "--out", str(out), "--plot", str(tmp_path / "chaos.png")]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["fault"] for r in doc["faults"]] == ["decode", "indexer", "redis", "mooncake-store"]
+    for r in doc["faults"]:
+        assert r["sent"] > 20 and r["silent"] == 0, r
+        assert r["component_back_s"] is not None, r
+        if r["fault"] != "decode":  # the front died with the decode replica: its connections with it
+            assert sum(r[k] for k in BAD) == 0, {k: r[k] for k in ("fault", *BAD)}
+            assert r["unaffected_share"] >= 0.99, r
+    assert (tmp_path / "chaos.png").stat().st_size > 0
