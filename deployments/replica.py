@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import socket
@@ -179,9 +180,10 @@ class EngineReplica:
         self.keys = KeyStore(self.cfg.serve.api_keys, client)
         if self.cfg.models:
             self.engine.metrics = metrics
-        features = self._features(gate, client, readiness)
+        peers = functools.partial(readiness.registry.live, "decode")  # the live decode replicas' entries
+        features = self._features(gate, client, peers)
         front = Front(self.cfg, self.replica, self.engine, finished, routing, gate, self.metrics, self.http,
-                      readiness.check, lambda: readiness.registry.live("decode"), self.keys.table, features)
+                      readiness.check, peers, self.keys.table, features)
         self.batch_runner = BatchRunner(self.cfg, features.batches.store, gate, front)
         # Unrouted colocated: a full engine spills to a peer (not a catalogue's: its peers may not have the model).
         colocated = routing is None and not self.cfg.models
@@ -193,7 +195,7 @@ class EngineReplica:
                                    on_peers=front.spill_view if colocated else None)
         return front
 
-    def _features(self, gate, client, readiness):
+    def _features(self, gate, client, peers):
         """The front's optional features (deployments/front/front.py `Features`): a catalogue's engines
         and their routing, the sites' link, and the APIs whose state is in Redis: batches (their lines
         run by every front) and stored responses."""
@@ -210,8 +212,7 @@ class EngineReplica:
             from deployments.catalogue.model_routing import ModelRouting
 
             f.models = self.engine
-            f.model_routing = ModelRouting(self.replica, lambda: readiness.registry.live("decode"), client,
-                                           self.cfg.routing.pin_ttl_s)
+            f.model_routing = ModelRouting(self.replica, peers, client, self.cfg.routing.pin_ttl_s)
         if self.cfg.sites.enabled:  # routing across sites (deployments/sites/site_link.py)
             from deployments.sites.site_link import SiteLink
 

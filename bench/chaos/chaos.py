@@ -93,31 +93,27 @@ async def _under_traffic(fault: Fault, traffic: Traffic, args) -> tuple[float, f
     while back is None and time.monotonic() - killed_at < args.recover_timeout:
         if await asyncio.to_thread(fault.recovered):
             back = round(time.monotonic() - killed_at, 2)
-        elif load.done() and time.monotonic() - killed_at > args.before + args.after:
-            await asyncio.sleep(1)
         else:
             await asyncio.sleep(0.5)
     await load
     return start, killed_at, victim, back
 
 
-def run_fault(stack: StackProcess, name: str, rate: float, model: str, args, seed: int) -> dict:
+def run_fault(fault: Fault, rate: float, model: str, args, seed: int) -> dict:
     """One fault under traffic; its report (see the module docstring)."""
-    fault = Fault(stack, name)
-    traffic = Traffic(stack.url, model, rate, deadline_s=args.deadline, seed=seed)
+    traffic = Traffic(fault.stack.url, model, rate, deadline_s=args.deadline, seed=seed)
     start, killed_at, victim, back = asyncio.run(_under_traffic(fault, traffic, args))
     attempts = traffic.attempts
     end = max((a.ended for a in attempts if a.ended), default=killed_at)
     no_byte = [a for a in attempts if a.sent >= killed_at
-               or (a.sent < killed_at and (a.first_byte is None or a.first_byte > killed_at)
-                   and (a.ended or 0) > killed_at)]
+               or ((a.first_byte is None or a.first_byte > killed_at) and (a.ended or 0) > killed_at)]
     cut = [a for a in attempts if a.stream and a.first_byte is not None and a.first_byte <= killed_at
            and (a.ended or 0) > killed_at]
     answered = sum(1 for a in no_byte if a.outcome() in ("ok", "retried"))
     good_ends = sorted(a.ended for a in attempts if a.ended and a.outcome() in ("ok", "retried"))
     c = counts(attempts)
     return {
-        "fault": name, "killed": victim, "offered_rps": round(rate, 2), "sent": len(attempts), **c,
+        "fault": fault.name, "killed": victim, "offered_rps": round(rate, 2), "sent": len(attempts), **c,
         "bad": sum(c[k] for k in BAD), "silent": sum(c[k] for k in SILENT),
         "no_byte_at_kill": len(no_byte), "unaffected_share": round(answered / len(no_byte), 4) if no_byte else None,
         "streams_cut": len(cut), "streams_cut_outcomes": counts(cut),
@@ -165,11 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         rate = args.rate or args.load * capacity(stack.url, model)
         print(f"offered rate {rate:.1f} req/s", file=sys.stderr)
         for i, name in enumerate(n for n in args.faults.split(",") if n):
-            if not Fault(stack, name).applies():
+            fault = Fault(stack, name)
+            if not fault.applies():
                 print(f"  {name}: not in this layout, skipped", file=sys.stderr)
                 continue
             print(f"  [{i + 1}] {name}: {args.before:.0f} s, kill, {args.after:.0f} s ...", file=sys.stderr)
-            r = run_fault(stack, name, rate, model, args, seed=i)
+            r = run_fault(fault, rate, model, args, seed=i)
             print(f"      sent {r['sent']}, bad {r['bad']} (silent {r['silent']}), unaffected {r['unaffected_share']}, goodput back "
                   f"{r['goodput_back_s']} s, component back {r['component_back_s']} s", file=sys.stderr)
             runs.append(r)

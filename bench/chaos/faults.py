@@ -69,8 +69,7 @@ def _accepts(url: str) -> bool:
 
 
 def _child_name(stack: StackProcess, fault: str) -> str:
-    want = "redis" if fault == "redis" else fault
-    return next(n for n in _children(stack) if want in n)
+    return next(n for n in _children(stack) if fault in n)
 
 
 class Fault:

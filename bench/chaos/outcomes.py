@@ -20,7 +20,7 @@ error that is not OpenAI's shape) are what a fault must never cause.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 OUTCOMES = ("ok", "retried", "clean_error", "unclean_error", "dropped", "broken", "hung", "truncated")
 BAD = ("unclean_error", "dropped", "broken", "hung", "truncated")
@@ -39,7 +39,7 @@ class Attempt:
     ended: float | None = None
     hung: bool = False
     body: bytes = b""
-    extra: dict = field(default_factory=dict)
+    error: str | None = None  # the transport error the client got, if any
 
     def outcome(self) -> str:
         """Which of OUTCOMES this request ended as; changes nothing."""
@@ -55,7 +55,7 @@ class Attempt:
         finished = any(isinstance(e, dict) and any(c.get("finish_reason") for c in e.get("choices") or [])
                        for e in events)
         if not finished or (self.stream and not self.body.rstrip().endswith(b"data: [DONE]")):
-            return "broken" if self.extra.get("error") else "truncated"
+            return "broken" if self.error else "truncated"
         retried = any(isinstance(e, dict) and (e.get("baton") or {}).get("retried_after") for e in events)
         return "retried" if retried else "ok"
 

@@ -85,7 +85,7 @@ class Traffic:
         except asyncio.TimeoutError:
             a.hung = True
         except (httpx.HTTPError, OSError) as exc:
-            a.extra["error"] = type(exc).__name__
+            a.error = type(exc).__name__
         a.ended = time.monotonic()
         self.attempts.append(a)
 

@@ -146,7 +146,7 @@ def vllm_answers(tmp_path_factory):
     from tests.e2e.agent_cases import CASES
 
     workdir = tmp_path_factory.mktemp("vllm-serve")
-    cfg = load_config(write_config(workdir, decode={"replicas": 2}))
+    cfg = load_config(write_config(workdir))
     tok = AutoTokenizer.from_pretrained(str(cfg.model.resolved_path()))
     with VllmServe(cfg, workdir / "vllm-serve.log") as server:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -38,7 +38,7 @@ def test_a_cut_stream_is_truncated_and_silence_is_hung_or_dropped():
     assert _stream(CHUNK + LAST).outcome() == "truncated"  # no [DONE]: the stream did not end
     assert _plain({"choices": [{"finish_reason": None}]}).outcome() == "truncated"
     cut = _stream(CHUNK)
-    cut.extra["error"] = "RemoteProtocolError"  # the connection broke: the client knows
+    cut.error = "RemoteProtocolError"  # the connection broke: the client knows
     assert cut.outcome() == "broken"
     assert Attempt(stream=True, sent=0, status=200, hung=True).outcome() == "hung"
     assert Attempt(stream=False, sent=0).outcome() == "dropped"

@@ -61,13 +61,11 @@ class Pipeline:
             self.finish(req)
 
     async def _kept(self, req: Request) -> None:
-        """Answers a Responses request and stores what its client received, with its turn."""
+        """Answers a Responses request and stores what its client received, with its turn (its
+        permit was released when the engine's answer ended: the relay runs finish then)."""
         req.send = capture = ResponseCapture(req.send)
         turn = input_items(req.body["input"])
-        try:
-            await self._answer(req)
-        finally:
-            self.finish(req)
+        await self._answer(req)
         await self.responses.keep(req.tenant, capture.response, turn, req.session)
 
     async def _answer(self, req: Request) -> None:
