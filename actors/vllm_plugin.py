@@ -17,6 +17,14 @@ the same virtualenv (the benchmark's peer) runs unchanged.
   sleeping reader also wakes every POLL_MS to look again, since vLLM's
   wake-up ping can be lost.
 
+- `BATON_FORK_WORKER=1`: the engine core forks its worker instead of
+  spawning it (vLLM's CPU platform spawns it, which imports torch and vLLM a
+  second time: about 7 s of CPU here, a third of a cold engine start). The
+  engine core is itself a fresh spawned process that has run no OpenMP
+  region when it forks, so libgomp's fork hazard (why vLLM spawns CPU
+  workers) does not arise; the catalogue's standby (actors/fast_start.py)
+  has forked its workers the same way since it was built.
+
 - `BATON_FIT_RATES=1`: times the engine's steps (below).
 
 - `BATON_SIM_EXECUTOR=<qualified name>`: every engine this process builds
@@ -45,6 +53,7 @@ SPIN_ENV = "BATON_SHM_SPIN_S"
 POLL_MS = 1
 FIT_ENV = "BATON_FIT_RATES"
 SIM_ENV = "BATON_SIM_EXECUTOR"
+FORK_ENV = "BATON_FORK_WORKER"
 MIN_FIT_STEPS = 20  # steps before the engine reports its fitted rates
 
 
@@ -65,6 +74,18 @@ def register() -> None:
         Scheduler.schedule = _kept(Scheduler.schedule)
     if os.environ.get(SIM_ENV):
         _force_executor(os.environ[SIM_ENV])
+    if os.environ.get(FORK_ENV) == "1":
+        _fork_workers()
+
+
+def _fork_workers() -> None:
+    """Makes vLLM's multiprocessing executor in this process fork its workers. Only the engine core
+    builds that executor; a worker's death still reaches it through vLLM's own death pipe."""
+    import multiprocessing
+
+    import vllm.v1.executor.multiproc_executor as executor
+
+    executor.get_mp_context = lambda: multiprocessing.get_context("fork")
 
 
 def _force_executor(qualname: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from ray import serve
 from ray.serve import Application
 
-from actors.vllm_plugin import FIT_ENV, SPIN_ENV
+from actors.vllm_plugin import FIT_ENV, FORK_ENV, SPIN_ENV
 from common.engine_threads import THREAD_KEYS
 from common.config import BatonConfig, PoolConfig
 from deployments.kv_index.kv_indexer import KVIndexer
@@ -36,12 +36,17 @@ def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
 SPIN_ALONE_S, SPIN_SHARED_S = 0.1, 0.002
 
 
-def _plugin_env(pool: PoolConfig, shared: bool) -> dict[str, str]:
-    """Settings for Baton's vLLM plugin in this pool's engine processes: the spin cap
-    (`shared`: engines split this machine's cores), and the step timing that measures the
-    engine's rates for routing."""
-    spin = pool.shm_spin_s if pool.shm_spin_s is not None else SPIN_SHARED_S if shared else SPIN_ALONE_S
-    return {FIT_ENV: "1", SPIN_ENV: str(spin)}
+def _plugin_env(pool: PoolConfig, split: dict[str, str]) -> dict[str, str]:
+    """Settings for Baton's vLLM plugin in this pool's engine processes: the spin cap (`split`: the
+    launcher's thread split, when engines share this machine's cores), the step timing that measures
+    the engine's rates for routing, and whether the engine core forks its worker: only where the
+    engine's OpenMP threads are unbound (the split, or the pool's own "nobind"), since a forked
+    worker keeps the OpenMP settings its engine core loaded and vLLM's binding is set per worker."""
+    spin = pool.shm_spin_s if pool.shm_spin_s is not None else SPIN_SHARED_S if split else SPIN_ALONE_S
+    env = {FIT_ENV: "1", SPIN_ENV: str(spin)}
+    if not pool.resources.num_gpus and {**split, **pool.env}.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+        env[FORK_ENV] = "1"
+    return env
 
 
 def _threads(pool: PoolConfig, threads: dict[str, str]) -> dict[str, str]:
@@ -54,7 +59,7 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
     options = pool.resources.ray_actor_options()
     split = _threads(pool, threads)
     options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **split,
-                                           **_plugin_env(pool, bool(split)), **pool.env}}
+                                           **_plugin_env(pool, split), **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(
         name=name,

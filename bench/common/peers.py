@@ -96,10 +96,13 @@ def _signal_group(pgid: int, signum: int) -> None:
 class VllmServe(_Peer):
     """`vllm serve` on Baton's model and engine settings."""
 
-    def __init__(self, cfg: BatonConfig, log: Path, timeout_s: float = 600, extra: list[str] | None = None):
-        """`extra`: more `vllm serve` arguments (the timed executor's, say)."""
+    def __init__(self, cfg: BatonConfig, log: Path, timeout_s: float = 600, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None):
+        """`extra`: more `vllm serve` arguments (the timed executor's, say); `env`: more environment (a
+        test's reference server forks its engine's worker, actors/vllm_plugin.py; a benchmark's peer
+        runs as vLLM ships)."""
         port = free_ports(1)[0]
-        super().__init__(vllm_serve_argv(cfg, port) + list(extra or ()), port, log, timeout_s=timeout_s)
+        super().__init__(vllm_serve_argv(cfg, port) + list(extra or ()), port, log, env, timeout_s)
 
 
 class RayServeLLM(_Peer):

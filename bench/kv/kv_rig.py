@@ -12,6 +12,7 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -19,11 +20,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors import engine_args
+from actors.vllm_plugin import FORK_ENV
 from cluster import loopback
 from common.config import BatonConfig
+from common.engine_threads import thread_env
 from common.processes import free_ports
 from kvstore import mooncake
 from kvstore.spill import read_key, walk_objects
+
+
+@contextlib.contextmanager
+def _pair_env():
+    """This process's environment while the pair's engine processes start (restored after): the
+    cores split between the two engines and forked workers, as a stack's engines have
+    (deployments/app.py)."""
+    env = {**thread_env(2, os.cpu_count() or 1), FORK_ENV: "1"}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass
@@ -107,11 +128,12 @@ class KVRig:
         # The engines' processes start from this environment: their transfer engines bind loopback.
         os.environ.update(loopback.env())
         engines = []
-        for role in ("prefill", "decode"):
-            t0 = time.monotonic()
-            progress(f"starting {role} engine ...")
-            engines.append(start_engine(self.cfg, role))
-            progress(f"{role} engine ready in {time.monotonic() - t0:.0f}s")
+        with _pair_env():
+            for role in ("prefill", "decode"):
+                t0 = time.monotonic()
+                progress(f"starting {role} engine ...")
+                engines.append(start_engine(self.cfg, role))
+                progress(f"{role} engine ready in {time.monotonic() - t0:.0f}s")
         self.prefill_engine, self.decode_engine = engines
 
     async def prefill(self, prompt: list[int]) -> None:

@@ -61,15 +61,37 @@ def test_spin_is_capped_and_a_lost_ping_costs_one_poll(pair, monkeypatch):
 
 def test_pool_config_sets_the_engines_env():
     """Null spins 0.1 s for an engine alone on its cores and 2 ms where engines share them;
-    a value set in the config wins either way."""
+    a value set in the config wins either way. CPU engines with unbound threads (the launcher's
+    split) fork their worker; an engine alone keeps vLLM's binding and spawns it, as GPU ones do."""
     from common.config import load_config
+    from common.engine_threads import thread_env
     from deployments.app import _plugin_env
 
+    split = thread_env(2, 2)
+    timed = {vllm_plugin.FIT_ENV: "1"}
+    forked = {**timed, vllm_plugin.FORK_ENV: "1"}
     cfg = load_config(None, environ={})
-    assert _plugin_env(cfg.decode, shared=False) == {vllm_plugin.SPIN_ENV: "0.1", vllm_plugin.FIT_ENV: "1"}
-    assert _plugin_env(cfg.decode, shared=True) == {vllm_plugin.SPIN_ENV: "0.002", vllm_plugin.FIT_ENV: "1"}
+    assert _plugin_env(cfg.decode, {}) == {vllm_plugin.SPIN_ENV: "0.1", **timed}
+    assert _plugin_env(cfg.decode, split) == {vllm_plugin.SPIN_ENV: "0.002", **forked}
     cfg = load_config(None, environ={"BATON__DECODE__SHM_SPIN_S": "0.5"})
-    assert _plugin_env(cfg.decode, shared=True) == {vllm_plugin.SPIN_ENV: "0.5", vllm_plugin.FIT_ENV: "1"}
+    assert _plugin_env(cfg.decode, split) == {vllm_plugin.SPIN_ENV: "0.5", **forked}
+    cfg = load_config(None, environ={"BATON__DECODE__RESOURCES__NUM_GPUS": "1"})
+    assert vllm_plugin.FORK_ENV not in _plugin_env(cfg.decode, split)
+
+
+def test_fork_worker_makes_the_executor_fork_only_when_asked(monkeypatch):
+    """`register` leaves vLLM's executor context alone without BATON_FORK_WORKER, and makes it
+    fork with it (what the engine core then uses to start its worker)."""
+    import vllm.v1.executor.multiproc_executor as executor
+
+    original = executor.get_mp_context
+    monkeypatch.setattr(executor, "get_mp_context", original)  # undone after the test
+    monkeypatch.delenv(vllm_plugin.FORK_ENV, raising=False)
+    vllm_plugin.register()
+    assert executor.get_mp_context is original
+    monkeypatch.setenv(vllm_plugin.FORK_ENV, "1")
+    vllm_plugin.register()
+    assert executor.get_mp_context().get_start_method() == "fork"
 
 
 def test_baton_load_reports_empty_blocks_and_the_fitted_rates():
