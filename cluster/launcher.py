@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -55,9 +56,12 @@ class LocalStack:
             raise FileNotFoundError(f"model.path {self.cfg.model.path}: no config.json there")
 
     def _redis(self) -> None:
+        """Starts Redis empty (a new `up` begins with fresh state, as it always has); the append-only
+        file it then keeps (redis.appendfsync) is what a supervised restart of it loads again."""
         url = urlparse(self.cfg.redis.url)
+        shutil.rmtree(self.state_dir / "appendonlydir", ignore_errors=True)
         self._spawn(redis_process(url.hostname or "127.0.0.1", url.port or 6379, self.state_dir,
-                                  self.log_dir / "redis.log"))
+                                  self.log_dir / "redis.log", self.cfg.redis.appendfsync))
 
     def _loopback(self) -> None:
         """Everything this stack starts listens on loopback (cluster/loopback), but the public port if asked."""

@@ -175,11 +175,19 @@ class ManagedProcess:
         return "\n".join(text[-lines:])
 
 
-def redis_process(host: str, port: int, directory: Path, log_path: Path) -> ManagedProcess:
-    """A redis-server on host:port without persistence (not yet started)."""
+def redis_argv(appendfsync: str = "off") -> list[str]:
+    """redis-server's persistence arguments: no RDB snapshots; with `appendfsync` `everysec` or
+    `always`, an append-only file in its `--dir`, loaded again when Redis restarts there."""
+    if appendfsync == "off":
+        return ["--save", "", "--appendonly", "no"]
+    return ["--save", "", "--appendonly", "yes", "--appendfsync", appendfsync]
+
+
+def redis_process(host: str, port: int, directory: Path, log_path: Path, appendfsync: str = "off") -> ManagedProcess:
+    """A redis-server on host:port keeping its data in `directory` as `appendfsync` says
+    (redis_argv; tests and benches keep nothing); not yet started."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise FileNotFoundError("redis-server not installed (apt-get install redis-server)")
-    argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
-            "--dir", str(directory)]
+    argv = [binary, "--bind", host, "--port", str(port), *redis_argv(appendfsync), "--dir", str(directory)]
     return ManagedProcess("redis", argv, log_path, ready_port=(host, port))

@@ -15,7 +15,9 @@ Per fault it reports:
   then, or sent after), the share answered (`unaffected_share`), and how many
   streams were cut mid-answer (those end with an error event, or are truncated);
 - `goodput_back_s`: seconds until answers per second are within 10% of
-  before the kill; `component_back_s`: until the component itself is back.
+  before the kill; `component_back_s`: until the component itself is back;
+- batch lines and stored responses lost or duplicated (bench/chaos/durable.py:
+  a batch job and Responses-API chains run beside the traffic).
 JSON, and a timeline plot of good and bad answers per second around each kill.
 """
 
@@ -27,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.chaos.durable import Durable
 from bench.chaos.faults import FAULTS, Fault
 from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, timeline
 from bench.chaos.traffic import Traffic
@@ -51,6 +54,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--after", type=float, default=30.0, help="seconds of traffic after each kill")
     p.add_argument("--deadline", type=float, default=30.0, help="seconds without a byte that make a request hung")
     p.add_argument("--recover-timeout", type=float, default=300.0, help="longest wait for a component to be back")
+    p.add_argument("--batch-timeout", type=float, default=120.0,
+                   help="longest wait after the traffic for the fault's batch job to finish")
     p.add_argument("--short", action="store_true",
                    help="the CI mode: timed executor, colocated, 3 replicas, one fault per component kind")
     p.add_argument("--out", type=Path)
@@ -73,8 +78,9 @@ def stack_config(args: argparse.Namespace, workdir: Path) -> Path:
 
         decode["engine_args"] = sim_engine("h100_llama31_8b", 1.0)
         model = {"block_size": 16}
+    # a batch line whose front died runs again once its lease lapsed: 6 s, not 30, within a fault's run
     return write_config(workdir, colocated=args.layout == "colocated", tracing={"exporter": "none"}, model=model,
-                        decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3})
+                        decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3}, batch={"lease_s": 6})
 
 
 def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -> float:
@@ -82,10 +88,13 @@ def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -
     return asyncio.run(Traffic(url, model, rate=1.0, seed=99).closed(seconds, concurrency))
 
 
-async def _under_traffic(fault: Fault, traffic: Traffic, args) -> tuple[float, float, str, float | None]:
-    """Runs the traffic, kills at `before`; (start, kill time, victim, seconds until the component was back)."""
+async def _under_traffic(fault: Fault, traffic: Traffic, durable: Durable,
+                         args) -> tuple[float, float, str, float | None, dict]:
+    """Runs the traffic and the durable work, kills at `before`; (start, kill time, victim, seconds
+    until the component was back, what the durable work lost)."""
     start = time.monotonic()
-    load = asyncio.ensure_future(traffic.run(args.before + args.after))
+    load = asyncio.gather(traffic.run(args.before + args.after), durable.chains(args.before + args.after),
+                          durable.start_batch(max(0.0, args.before - 1.0)))
     await asyncio.sleep(args.before)
     killed_at = time.monotonic()
     victim = await asyncio.to_thread(fault.inject)
@@ -96,13 +105,14 @@ async def _under_traffic(fault: Fault, traffic: Traffic, args) -> tuple[float, f
         else:
             await asyncio.sleep(0.5)
     await load
-    return start, killed_at, victim, back
+    return start, killed_at, victim, back, await durable.report(args.batch_timeout)
 
 
 def run_fault(fault: Fault, rate: float, model: str, args, seed: int) -> dict:
     """One fault under traffic; its report (see the module docstring)."""
     traffic = Traffic(fault.stack.url, model, rate, deadline_s=args.deadline, seed=seed)
-    start, killed_at, victim, back = asyncio.run(_under_traffic(fault, traffic, args))
+    durable = Durable(fault.stack.url, model)
+    start, killed_at, victim, back, kept = asyncio.run(_under_traffic(fault, traffic, durable, args))
     attempts = traffic.attempts
     end = max((a.ended for a in attempts if a.ended), default=killed_at)
     no_byte = [a for a in attempts if a.sent >= killed_at
@@ -119,7 +129,7 @@ def run_fault(fault: Fault, rate: float, model: str, args, seed: int) -> dict:
         "streams_cut": len(cut), "streams_cut_outcomes": counts(cut),
         "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
         "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
-        "timeline": timeline(attempts, start, end),
+        "timeline": timeline(attempts, start, end), **kept,
     }
 
 

@@ -1,6 +1,6 @@
 """Baton's one declarative config: a pydantic model loaded from YAML plus env.
 The package: `BatonConfig` and `load_config` here; its sections in base (shared
-types, ConfigError), admission, autoscale, batch, models, runtime, sites, spec.
+types, ConfigError), admission, autoscale, batch, models, redis_store, runtime, sites, spec.
 
 Every component reads its part of `BatonConfig`. Unknown keys are errors
 (`extra="forbid"`); any problem is one `ConfigError` naming field and file.
@@ -24,6 +24,7 @@ from common.config.autoscale import AutoscalingSection
 from common.config.base import ConfigError, _Strict, parse_size
 from common.config.models import CatalogueConfig, CatalogueModel, check_catalogue
 from common.config.batch import BatchConfig, ResponsesConfig
+from common.config.redis_store import RedisConfig
 from common.config.runtime import RayConfig, TracingConfig
 from common.config.sites import SitesConfig
 from common.config.spec import SpeculationConfig
@@ -163,47 +164,6 @@ class MooncakeConfig(_Strict):
     def _size(cls, v: str) -> str:
         parse_size(v)
         return v
-
-
-class RedisConfig(_Strict):
-    url: str = Field("redis://127.0.0.1:6390/0", description="Redis used for routing state")
-    start_local: bool = Field(True, description="start a redis-server for this URL on `up`")
-    password_file: str | None = Field(
-        None, description="file holding Redis's password (its `requirepass`), read by every Baton "
-        "process that connects; the ray up YAMLs set it (docs/security.md). Env BATON_REDIS_PASSWORD "
-        "overrides it.",
-    )
-
-    def password(self) -> str | None:
-        """Redis's password from BATON_REDIS_PASSWORD or `password_file`; None without either."""
-        if os.environ.get("BATON_REDIS_PASSWORD"):
-            return os.environ["BATON_REDIS_PASSWORD"]
-        if self.password_file:
-            try:
-                return Path(self.password_file).expanduser().read_text().strip() or None
-            except OSError as exc:
-                raise ConfigError(f"redis.password_file {self.password_file}: {exc.strerror}") from None
-        return None
-
-    def client(self, asynchronous: bool = False, reconnect: bool = False, **kwargs):
-        """A new redis-py client for `url`, authenticated when a password is set; connects lazily.
-
-        `reconnect`: a command whose pooled connection turns out closed (Redis restarted since
-        it was last used) is sent once more on a new connection, instead of failing. redis-py
-        clients made from a URL do not retry at all, so after a Redis restart each idle pooled
-        connection failed one command. Only for clients whose commands are reads or idempotent
-        writes: a write whose reply was lost would be applied twice."""
-        import redis
-        import redis.asyncio
-        import redis.asyncio.retry
-        import redis.retry
-        from redis.backoff import NoBackoff
-
-        cls = redis.asyncio.Redis if asynchronous else redis.Redis
-        if reconnect:
-            retry_cls = redis.asyncio.retry.Retry if asynchronous else redis.retry.Retry
-            kwargs.setdefault("retry", retry_cls(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
-        return cls.from_url(self.url, password=self.password(), **kwargs)
 
 
 class ServeConfig(_Strict):

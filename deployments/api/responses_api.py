@@ -10,13 +10,18 @@ client received is stored once it completed.
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import redis
 
+from common.redis_retry import retried
 from deployments.api.bodies import respond
 from deployments.api.response_store import KEPT_STATUSES, ResponseStore, chained
 from deployments.api.schemas import APIError
+
+log = logging.getLogger("baton.responses")
+KEEP_RETRY_S = 30.0  # how long a finished response waits for Redis to come back before it is given up
 
 
 def _unavailable() -> APIError:
@@ -27,8 +32,9 @@ def _unavailable() -> APIError:
 class ResponsesAPI:
     """One front's view of the stored responses."""
 
-    def __init__(self, store: ResponseStore):
-        self.store = store
+    def __init__(self, store: ResponseStore, retry_s: float = KEEP_RETRY_S):
+        self.store, self.retry_s = store, retry_s
+        self.given_up = 0  # finished responses never stored: Redis stayed away longer than retry_s
 
     async def chain(self, body: dict, tenant: str, session: str | None) -> str:
         """Gives a Responses request its response id and, with `previous_response_id`, the stored
@@ -50,15 +56,19 @@ class ResponsesAPI:
 
     async def keep(self, tenant: str, response, turn: list, session: str) -> bool:
         """Stores a finished `response` (as its client received it; one cut at max_output_tokens
-        too, as OpenAI keeps those) with the input `turn` that led to it; best effort, the answer
-        is already sent. Whether it was stored."""
+        too, as OpenAI keeps those) with the input `turn` that led to it. The answer is already
+        sent: while Redis is away (a restart) the write is tried again for up to `retry_s`, and
+        only then given up (a turn that names it gets a 404). Whether it was stored."""
         if not isinstance(response, dict) or response.get("status") not in KEPT_STATUSES or "id" not in response:
             return False
         response["store"] = True  # the engine's own store is off; Baton's kept it
-        try:
-            return await self.store.put(tenant, response, turn, session)
-        except redis.RedisError:
-            return False  # a turn that names it gets a 404
+        try:  # a SET: a second try is harmless
+            return await retried(lambda: self.store.put(tenant, response, turn, session), self.retry_s)
+        except redis.RedisError as exc:
+            self.given_up += 1
+            log.warning("response %s not stored: Redis away for %.0f s (%s)", response["id"], self.retry_s,
+                        type(exc).__name__)
+            return False
 
     async def stored(self, scope, send, tenant: str) -> None:
         """GET and DELETE /v1/responses/{id}, and POST .../cancel, on `tenant`'s stored responses."""

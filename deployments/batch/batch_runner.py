@@ -28,6 +28,7 @@ import redis
 
 from common.config import BatonConfig
 from common.constants import TIER_HEADER
+from common.redis_retry import retried
 from deployments.batch.batch_store import BatchStore, new_id
 
 RETRY_CODES = (429, 503)  # not now: the line runs again later
@@ -112,12 +113,20 @@ class BatchRunner:
             return
         result = {"id": new_id("batch_req_"), "custom_id": req["custom_id"],
                   "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
-        await self.store.complete(batch["id"], n, result, failed=status != 200)
+        # kept first-only (HSETNX), so trying again while Redis restarts is harmless; given up, the
+        # lease lapses and the line runs again
+        await retried(lambda: self.store.complete(batch["id"], n, result, failed=status != 200),
+                      self.cfg.batch.lease_s / 2)
 
     async def _renew(self, batch_id: str, n: int) -> None:
+        """Renews line `n`'s lease every third of it until cancelled; a renewal Redis missed (it was
+        restarting) is made at the next one."""
         while True:
             await asyncio.sleep(self.cfg.batch.lease_s / 3)
-            await self.store.renew(batch_id, n, self.cfg.batch.lease_s)
+            try:
+                await self.store.renew(batch_id, n, self.cfg.batch.lease_s)
+            except redis.RedisError:
+                continue
 
     async def _call(self, tenant: str, path: str, body: dict) -> tuple[int, dict, str | None]:
         """Runs one request through the front as `tenant`, in the batch tier; (status, JSON body, request id)."""

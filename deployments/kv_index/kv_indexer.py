@@ -64,6 +64,8 @@ class EventLoop:
         self.resyncs: Counter = Counter()  # holdings forgotten: engine restarted, or a gap not recoverable
         self.evicted: Counter = Counter()  # blocks an engine reported removed
         self.redis_losses = 0  # times Redis came back without the index
+        self.unwritten: set[str] = set()  # replicas with batches applied here whose writes Redis may lack
+        self.rewrites: Counter = Counter()  # rebuilds of those, once Redis answered again
         self.endpoints: dict[str, str] = {}  # replica -> its engine's replay socket
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="baton-kv-indexer", daemon=True)
@@ -84,21 +86,29 @@ class EventLoop:
                     self.endpoints.pop(replica, None)
 
     def _check_redis(self) -> None:
-        """Rebuilds the whole index when Redis lost it (a restart without persistence).
+        """Rebuilds what Redis lost: the whole index when its data is gone (a restart without
+        persistence), else the replicas whose writes it may have missed while it was away.
 
         The epoch key lives as long as Redis's data: when it is gone, every
         engine's stream is replayed from its first batch, or, where its
-        buffer no longer reaches back that far, the replica is forgotten.
+        buffer no longer reaches back that far, the replica is forgotten. A
+        Redis that kept its data (redis.appendfsync) still missed the batches
+        applied while it was down: their replicas are rebuilt the same way.
         """
-        if not self.redis.set(INDEX_EPOCH_KEY, str(time.time()), nx=True):
-            return  # still there
-        if not self.seqs.expected:
-            return  # a first start: nothing to rebuild
-        self.redis_losses += 1
-        for replica, expected in list(self.seqs.expected.items()):
-            self.translator.cleared(replica)
-            self.translator.store_forget(replica)
-            self._fill(replica, 0, expected)
+        if self.redis.set(INDEX_EPOCH_KEY, str(time.time()), nx=True) and self.seqs.expected:
+            self.redis_losses += 1
+            self.unwritten = set(self.seqs.expected)
+        while self.unwritten:
+            replica = next(iter(self.unwritten))
+            expected = self.seqs.expected.get(replica, 0)
+            self.writer.begin()
+            try:
+                self._forget(replica)
+                self._fill(replica, 0, expected)
+            finally:
+                self.writer.flush()
+            self.unwritten.discard(replica)
+            self.rewrites[replica] += 1
 
     def _forget(self, replica: str) -> None:
         """Removes everything the index says `replica` holds, and the store holdings only it
@@ -186,29 +196,36 @@ class EventLoop:
                 if self.sock.poll(POLL_MS):
                     self._drain()
             except redis.RedisError:
-                time.sleep(0.5)  # Redis away: events meanwhile are lost, the sweep resyncs dead ones
+                time.sleep(0.5)  # Redis away: the batches it missed are rebuilt once it answers (_check_redis)
 
     def _drain(self) -> None:
-        """Applies the batches waiting on the socket (up to MAX_DRAIN) with one Redis round trip."""
+        """Applies the batches waiting on the socket (up to MAX_DRAIN) with one Redis round trip;
+        when that fails, their replicas are noted for a rebuild (`unwritten`)."""
         import zmq
 
+        touched: set[str] = set()
         self.writer.begin()
         try:
-            for _ in range(MAX_DRAIN):
-                try:
-                    topic, seq, payload = self.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._receive(topic.decode(), int.from_bytes(seq, "big"), payload)
-        finally:
-            self.writer.flush()
+            try:
+                for _ in range(MAX_DRAIN):
+                    try:
+                        topic, seq, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    touched.add(topic.decode())
+                    self._receive(topic.decode(), int.from_bytes(seq, "big"), payload)
+            finally:
+                self.writer.flush()
+        except redis.RedisError:
+            self.unwritten |= touched
+            raise
 
     def totals(self) -> dict[str, int]:
         """Counts over all replicas (what /metrics and `baton status` show); changes nothing."""
         return {"applied_events": sum(self.applied.values()), "dropped_events": sum(self.dropped.values()),
                 "evicted_blocks": sum(self.evicted.values()), "gaps": sum(self.gaps.values()),
                 "replayed_batches": sum(self.replayed.values()), "resyncs": sum(self.resyncs.values()),
-                "redis_losses": self.redis_losses}
+                "redis_losses": self.redis_losses, "rewrites": sum(self.rewrites.values())}
 
     def stop(self) -> None:
         self._stop.set()

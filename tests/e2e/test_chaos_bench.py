@@ -1,7 +1,8 @@
 """`baton bench chaos --short`: one fault of each kind on the timed executor, under traffic.
 
 A regression that makes a fault hang a request, cut a stream without an error
-event, or leave a component down fails here. Its own stack (colocated, timed
+event, leave a component down, or lose a batch line or a stored response
+fails here. Its own stack (colocated, timed
 executor), after the shared stacks (tests/e2e/conftest.py).
 """
 
@@ -24,4 +25,7 @@ def test_short_chaos_run_hangs_nothing_and_everything_comes_back(tmp_path):
         if r["fault"] != "decode":  # the front died with the decode replica: its connections with it
             assert sum(r[k] for k in BAD) == 0, {k: r[k] for k in ("fault", *BAD)}
             assert r["unaffected_share"] >= 0.99, r
+        # what must outlive every fault, a Redis kill included (redis.appendfsync)
+        assert r["responses_stored"] > 0 and r["responses_lost"] == 0, r
+        assert r["batch_status"] == "completed" and r["batch_lost"] == 0 and r["batch_duplicated"] == 0, r
     assert (tmp_path / "chaos.png").stat().st_size > 0

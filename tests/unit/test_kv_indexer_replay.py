@@ -7,6 +7,8 @@ the loop in the order a lossy stream would deliver them.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 
 import msgspec
@@ -17,12 +19,14 @@ from common.config import BatonConfig
 from common.processes import free_ports
 from deployments.kv_index.kv_indexer import EventLoop
 from routing.prefix.redis_state import Registry, registry_key
+from tests.unit.conftest import start_redis
 
 BLOCK = 2
 
 
-@pytest.fixture
-def rig(redis_url):
+@contextlib.contextmanager
+def _rig(redis_url: str):
+    """(indexer loop with its thread stopped, vLLM publisher of replica r1, Redis client)."""
     from vllm.distributed.kv_events import ZmqEventPublisher
 
     sink, events, replay_port = free_ports(3)
@@ -38,9 +42,17 @@ def rig(redis_url):
     # loop only as the test hands it over, or through the replay socket.
     pub = ZmqEventPublisher(0, endpoint=f"tcp://127.0.0.1:{sink}", replay_endpoint=endpoint, topic="r1")
     Registry.beat(client, "decode", "r1", {"events_replay": endpoint})
-    yield loop, pub, client
-    pub.shutdown()
-    client.close()
+    try:
+        yield loop, pub, client
+    finally:
+        pub.shutdown()
+        client.close()
+
+
+@pytest.fixture
+def rig(redis_url):
+    with _rig(redis_url) as r:
+        yield r
 
 
 def _batches(pub, n: int) -> list[bytes]:
@@ -105,3 +117,55 @@ def test_a_redis_that_lost_its_data_gets_the_index_back(rig):
     assert {k for k in client.keys("baton:idx:*")} == stored
     loop._check_redis()  # the epoch is back: nothing more to do
     assert loop.redis_losses == 1
+
+
+def _until_answered(call, timeout_s: float = 10.0):
+    """`call()`, again while it meets the connection a restart closed (the loop's own retry is its
+    sweep, every second)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
+    """Redis keeps its data through a kill (redis.appendfsync) but misses what was applied while it
+    was down: the drain that failed marks its replica, and once Redis answers the replica is
+    rebuilt from its engine's replay buffer, so the index equals one that never saw the outage."""
+    import zmq
+
+    server, url = start_redis(tmp_path, "everysec")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with _rig(url) as (loop, pub, client):
+        payloads = _batches(pub, 3)
+        loop._check_redis()  # first start: the epoch is set
+        for seq in (0, 1):
+            loop._receive("r1", seq, payloads[seq])
+        loop._sweep()  # notes r1's replay socket
+        feed = loop.ctx.socket(zmq.PUB)  # the live stream, as an engine sends it
+        feed.connect(f"tcp://127.0.0.1:{loop.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(':', 1)[1]}")
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(10)
+        for _ in range(50):  # sent until the subscription has reached the publisher (repeats are stale)
+            feed.send_multipart([b"r1", (2).to_bytes(8, "big"), payloads[2]])
+            if loop.sock.poll(100):
+                break
+        with pytest.raises(redis.RedisError):
+            loop._drain()
+        assert loop.unwritten == {"r1"} and loop.seqs.expected["r1"] == 3
+        again, _ = start_redis(tmp_path, "everysec", port=port)
+        try:
+            assert client.exists("baton:idx:r:r1")  # kept through the kill: no loss to rebuild...
+            _until_answered(loop._check_redis)  # ...but r1's third batch is rebuilt
+            assert loop.redis_losses == 0 and loop.rewrites["r1"] == 1 and not loop.unwritten
+            hashes = loop.translator.known("r1", [1000, 1001, 1002])
+            assert len(hashes) == 3
+            held = {int(h) for h in client.smembers("baton:idx:r:r1")}
+            assert set(hashes) <= held
+        finally:
+            feed.close(0)
+            again.stop()

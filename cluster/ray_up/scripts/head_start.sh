@@ -41,9 +41,14 @@ if [ "$BATON_REDIS_START" = true ]; then
     else
         log "warning: redis without a password (set redis.password_file; docs/security.md)"
     fi
+    # redis.appendfsync: an append-only file in the node directory, which a restart of this Redis
+    # loads again; a head start begins empty, as `baton up` does (common/processes.py redis_argv)
+    rm -rf "$BATON_NODE_DIR/appendonlydir"
+    REDIS_AOF=(--appendonly no)
+    [ "$BATON_REDIS_APPENDFSYNC" = off ] || REDIS_AOF=(--appendonly yes --appendfsync "$BATON_REDIS_APPENDFSYNC")
     start_daemon redis "$(command -v redis-server || die 'redis-server not installed')" "$REDIS_CONF" \
         --bind "${REDIS_BIND[@]}" --port "$BATON_REDIS_PORT" --protected-mode no \
-        --save '' --appendonly no --dir "$BATON_NODE_DIR"
+        --save '' "${REDIS_AOF[@]}" --dir "$BATON_NODE_DIR"
     wait_port redis "$HEAD_IP" "$BATON_REDIS_PORT" 30
 fi
 

@@ -29,6 +29,7 @@ def exports(cfg) -> dict[str, str]:
         "BATON_REDIS_HOST": redis.hostname or "127.0.0.1",
         "BATON_REDIS_PORT": str(redis.port or 6379),
         "BATON_REDIS_START": "true" if cfg.redis.start_local else "false",
+        "BATON_REDIS_APPENDFSYNC": cfg.redis.appendfsync,
         "BATON_REDIS_PASSWORD_FILE": str(Path(cfg.redis.password_file).expanduser()) if cfg.redis.password_file else "",
         "BATON_SERVE_PORT": str(cfg.serve.port),
         "BATON_EVENTS_PORT": str(cfg.routing.events_port),

@@ -1,0 +1,116 @@
+"""State kept in Redis survives a Redis kill (redis.appendfsync), and writes made while it restarts
+wait for it: a real redis-server, SIGKILLed and started again in the same directory, as `baton up`'s
+supervision does."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+import redis
+
+from common.config import RedisConfig
+from common.redis_retry import retried
+from deployments.api.response_store import ResponseStore
+from deployments.api.responses_api import ResponsesAPI
+from deployments.batch.batch_store import BatchStore
+from tests.unit.conftest import start_redis
+
+WRITES = 2000
+
+
+def _kill(server) -> None:
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.mark.parametrize("appendfsync", ["everysec", "always"])
+def test_every_acknowledged_write_survives_a_kill(tmp_path, appendfsync):
+    """Every write Redis acknowledged is there after SIGKILL and a restart: the append-only file is
+    written before the reply, so only a machine crash can lose `everysec`'s last second."""
+    server, url = start_redis(tmp_path, appendfsync)
+    client = redis.Redis.from_url(url)
+    for i in range(WRITES):
+        client.hset("baton:batch:b1:done", str(i), f"result {i}")
+    client.set("baton:resp:t:r1", "kept")
+    _kill(server)
+    again, _ = start_redis(tmp_path, appendfsync, port=_port(url))
+    try:
+        client = redis.Redis.from_url(url)
+        assert client.hlen("baton:batch:b1:done") == WRITES
+        assert client.get("baton:resp:t:r1") == b"kept"
+    finally:
+        again.stop()
+
+
+def test_off_keeps_nothing(tmp_path):
+    server, url = start_redis(tmp_path, "off")
+    redis.Redis.from_url(url).set("k", "v")
+    _kill(server)
+    again, _ = start_redis(tmp_path, "off", port=_port(url))
+    try:
+        assert redis.Redis.from_url(url).get("k") is None
+    finally:
+        again.stop()
+
+
+def test_a_response_finished_while_redis_restarts_is_kept(tmp_path):
+    """The front's keep() waits out a restart: Redis is down when the answer ends and back a
+    second later; the response is stored, and a chained turn then finds it."""
+    server, url = start_redis(tmp_path, "everysec")
+    _kill(server)
+    client = RedisConfig(url=url).client(asynchronous=True, reconnect=True, socket_timeout=2)
+    api = ResponsesAPI(ResponseStore(client, ttl_s=600, max_bytes=2**20), retry_s=20)
+    response = {"id": "resp_1", "object": "response", "status": "completed", "output": []}
+
+    async def run():
+        keep = asyncio.ensure_future(api.keep("tenant-a", response, [{"role": "user", "content": "hi"}], "s1"))
+        await asyncio.sleep(1.0)
+        assert not keep.done()
+        again, _ = await asyncio.to_thread(start_redis, tmp_path, "everysec", _port(url))
+        try:
+            assert await asyncio.wait_for(keep, 15) is True
+            stored = await api.store.get("tenant-a", "resp_1")
+        finally:
+            await client.aclose()
+            again.stop()
+        return stored
+
+    stored = asyncio.run(run())
+    assert stored["response"]["id"] == "resp_1" and stored["session"] == "s1"
+    assert api.given_up == 0
+
+
+def test_a_batch_result_recorded_twice_is_kept_once(tmp_path):
+    """What makes trying complete() again harmless: the first result of a line wins."""
+    server, url = start_redis(tmp_path)
+    store = BatchStore(RedisConfig(url=url).client(asynchronous=True))
+
+    async def run():
+        for result in ({"n": "first"}, {"n": "second"}):
+            await store.complete("b1", 0, result, failed=False)
+        return await store.r.hget("baton:batch:b1:done", "0")
+
+    try:
+        assert b"first" in asyncio.run(run())
+    finally:
+        server.stop()
+
+
+def test_retried_gives_up_after_its_window():
+    calls = []
+
+    async def failing():
+        calls.append(time.monotonic())
+        raise redis.ConnectionError("down")
+
+    t0 = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        asyncio.run(retried(failing, 0.6))
+    assert 0.3 < time.monotonic() - t0 < 1.5 and len(calls) >= 4
