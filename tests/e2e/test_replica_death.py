@@ -10,7 +10,10 @@ wait is bounded (nothing may hang):
    engine core is stopped with SIGSTOP, so no token can come) is run again by
    the front: the client sees only the healthy answer, never the death;
 4. a stream whose replica dies after its first token ends with an
-   OpenAI-style error event and `[DONE]`.
+   OpenAI-style error event and `[DONE]`;
+5. a plain (non-streamed) request whose replica dies mid-answer, tokens
+   already computed, is run again by the front: the client was sent
+   nothing yet, so it gets the healthy greedy answer (request migration).
 Replicas die by SIGKILL of their processes (StackProcess.crash), which
 returns once they are gone; Serve replaces each.
 
@@ -114,6 +117,25 @@ def test_a_stream_whose_replica_dies_after_its_first_token_ends_with_an_error_ev
     assert chat(stack, prompts.make("after death", 30)).status_code == 200
 
 
+def test_a_plain_request_whose_replica_dies_mid_answer_gets_the_healthy_answer(stack):
+    """Killed while its engine is decoding a long answer: a plain request's client has no byte
+    yet (vLLM sends the whole answer at its end), so the front that forwarded it runs it again
+    on its own engine, and greedy decoding gives the same text."""
+    _wait_pool(stack, 2)
+    messages = prompts.make("death-plain", 30)
+    body = {**_body(messages, stack.cfg.get("model", {}).get("max_model_len", 2048) - 200),
+            "stream": False, "ignore_eos": True}
+    headers = {"x-session-affinity": "sess-plain"}
+    healthy = httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=WAIT_S).json()
+    victim = healthy["baton"]["decode_replica"]
+    status, answer, front, grew = asyncio.run(_die_mid_plain(stack, victim, body, headers))
+    assert status == 200, answer
+    assert grew == {"baton_admitted_total": 1, "baton_retries_total": 1}  # through `front`, once retried
+    assert answer["baton"]["decode_replica"] == front and answer["baton"]["retried_after"], answer["baton"]
+    assert answer["choices"][0]["message"]["content"] == healthy["choices"][0]["message"]["content"]
+    assert answer["usage"]["completion_tokens"] == healthy["usage"]["completion_tokens"]
+
+
 # -- a replica dies under a request -------------------------------------------
 
 async def _die_in_queue(stack, victim: str, messages: list[dict]):
@@ -154,6 +176,26 @@ async def _die_mid_stream(stack, victim: str, messages: list[dict]):
     finally:
         stack.crash(processes)
     return await _outcome(stack, client, front, task, before)
+
+
+async def _die_mid_plain(stack, victim: str, body: dict, headers: dict):
+    """Sends the plain `body` (pinned to `victim`) through another front; kills the victim once
+    its engine has held the request for a second. Returns status, answer, front, counts grown."""
+    client, front = await _client_on_another_front(stack, victim)
+    processes = stack.replica_processes("decode", victim)
+    before = _front_counts(stack, front)
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=headers))
+    try:
+        await asyncio.to_thread(_wait_engine_load, stack, victim, time.time(), 1)
+        await asyncio.sleep(1.0)  # decoding: tokens computed, none sent
+        assert not task.done(), "the answer must outlast the kill"
+    finally:
+        stack.crash(processes)
+    try:
+        r = await asyncio.wait_for(task, WAIT_S)
+    finally:
+        await client.aclose()
+    return r.status_code, r.json(), front, _growth(stack, front, before)
 
 
 # -- helpers ------------------------------------------------------------------
