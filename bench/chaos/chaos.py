@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.chaos.durable import Durable
-from bench.chaos.faults import FAULTS, Fault
+from bench.chaos.faults import FAULTS, FREEZES, Fault
 from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, timeline
 from bench.chaos.traffic import Traffic
 from bench.common.report import emit
@@ -47,7 +47,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("cpu", "timed"), default="cpu",
                    help="real CPU engines, or the timed executor (colocated only: it moves no KV)")
     p.add_argument("--replicas", type=int, default=2, help="decode (or colocated) replicas")
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
+    p.add_argument("--faults", default=",".join(FAULTS),
+                   help=f"comma-separated, of {','.join(FAULTS)} (kills) and {','.join(FREEZES)} (SIGSTOP, then SIGCONT)")
+    p.add_argument("--freeze-s", type=float, default=10.0, help="how long a `:freeze` fault keeps its component stopped")
     p.add_argument("--load", type=float, default=0.7, help="offered rate as a share of the measured capacity")
     p.add_argument("--rate", type=float, help="offered requests/s (instead of --load)")
     p.add_argument("--before", type=float, default=10.0, help="seconds of traffic before each kill")
@@ -149,7 +151,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.axvline(r["kill_at_s"], color="black", linestyle="--", label="kill")
         if r["component_back_s"] is not None:
             ax.axvline(r["kill_at_s"] + r["component_back_s"], color="tab:blue", linestyle=":", label="back")
-        ax.set_title(f"{r['fault']} killed ({doc['layout']}, {doc['engine']} engines)", fontsize=9)
+        what = r["fault"].replace(":freeze", " frozen") if ":freeze" in r["fault"] else f"{r['fault']} killed"
+        ax.set_title(f"{what} ({doc['layout']}, {doc['engine']} engines)", fontsize=9)
         ax.set_ylabel("per s")
     axes[0, 0].legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("seconds")
@@ -171,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         rate = args.rate or args.load * capacity(stack.url, model)
         print(f"offered rate {rate:.1f} req/s", file=sys.stderr)
         for i, name in enumerate(n for n in args.faults.split(",") if n):
-            fault = Fault(stack, name)
+            fault = Fault(stack, name, args.freeze_s)
             if not fault.applies():
                 print(f"  {name}: not in this layout, skipped", file=sys.stderr)
                 continue
-            print(f"  [{i + 1}] {name}: {args.before:.0f} s, kill, {args.after:.0f} s ...", file=sys.stderr)
+            print(f"  [{i + 1}] {name}: {args.before:.0f} s, {'freeze' if ':freeze' in name else 'kill'}, "
+                  f"{args.after:.0f} s ...", file=sys.stderr)
             r = run_fault(fault, rate, model, args, seed=i)
             print(f"      sent {r['sent']}, bad {r['bad']} (silent {r['silent']}), unaffected {r['unaffected_share']}, goodput back "
                   f"{r['goodput_back_s']} s, component back {r['component_back_s']} s", file=sys.stderr)

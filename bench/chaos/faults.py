@@ -10,6 +10,10 @@ a crash would:
 - `redis`, `mooncake-master`, `mooncake-store`: the process `baton up`
   started; its supervision starts another, back when state.json names a new
   PID that accepts connections.
+
+`<name>:freeze` (a replica or a process above) stops it with SIGSTOP instead, and
+SIGCONTs it `freeze_s` later, as a stalled machine or a long GC pause would: nothing
+restarts it, and it is back once it answers again (a replica: its heartbeat is fresh).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +34,7 @@ from routing.prefix.redis_state import registry_key
 POOL_FAULTS = ("decode", "prefill")
 CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store")
 FAULTS = (*POOL_FAULTS, "indexer", *CHILD_FAULTS)
+FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, *CHILD_FAULTS))
 
 _INDEXER = """
 import sys, ray
@@ -73,49 +79,88 @@ def _child_name(stack: StackProcess, fault: str) -> str:
 
 
 class Fault:
-    """One kill of one component; `recovered()` polls whether it is back."""
+    """One kill (or freeze) of one component; `recovered()` polls whether it is back."""
 
-    def __init__(self, stack: StackProcess, name: str):
-        if name not in FAULTS:
-            raise ValueError(f"unknown fault {name!r}: one of {FAULTS}")
+    def __init__(self, stack: StackProcess, name: str, freeze_s: float = 10.0):
+        if name not in FAULTS and name not in FREEZES:
+            raise ValueError(f"unknown fault {name!r}: one of {FAULTS + FREEZES}")
         self.stack, self.name = stack, name
+        self.component, _, mode = name.partition(":")
+        self.freeze_s = freeze_s if mode == "freeze" else None
         self.before: object = None
+        self._resumed = threading.Event()
 
     def applies(self) -> bool:
         """Whether this stack has the component (a colocated stack has no prefill pool)."""
-        if self.name in POOL_FAULTS:
-            return bool(_live(self.stack, self.name))
+        if self.component in POOL_FAULTS:
+            return bool(_live(self.stack, self.component))
         return True
 
     def inject(self) -> str:
-        """Kills the component; returns what was killed. Changes the stack."""
-        s = self.stack
-        if self.name in POOL_FAULTS:
-            self.before = _live(s, self.name)
+        """Kills (or freezes) the component; returns what was hit. Changes the stack."""
+        s, c = self.stack, self.component
+        if self.freeze_s is not None:
+            return self._freeze()
+        if c in POOL_FAULTS:
+            self.before = _live(s, c)
             victim = self.before[0]
-            s.crash(s.replica_processes(self.name, victim))
+            s.crash(s.replica_processes(c, victim))
             return victim
-        if self.name == "indexer":
+        if c == "indexer":
             self.before = _indexers(s, "kill")
             return self.before[0] if self.before else "none"
-        name = _child_name(s, self.name)
+        name = _child_name(s, c)
         self.before = _children(s)[name]
         os.kill(self.before, signal.SIGKILL)
         return f"{name} pid {self.before}"
 
+    def _freeze(self) -> str:
+        """SIGSTOPs the component's processes (a replica's whole tree); a timer SIGCONTs them."""
+        import psutil
+
+        s, c = self.stack, self.component
+        if c in POOL_FAULTS:
+            victim = _live(s, c)[0]
+            root = s.replica_processes(c, victim)[0]
+            self.before = victim
+        else:
+            victim = _child_name(s, c)
+            root = psutil.Process(_children(s)[victim])
+            self.before = root.pid
+        procs = [root, *root.children(recursive=True)]
+        for p in procs:
+            p.suspend()
+
+        def resume() -> None:
+            for p in procs:
+                try:
+                    p.resume()
+                except psutil.Error:
+                    pass
+            self._resumed.set()
+
+        threading.Timer(self.freeze_s, resume).start()
+        return f"{victim} frozen {self.freeze_s:.0f} s"
+
     def recovered(self) -> bool:
         """Whether the component is back (see the module docstring); changes nothing."""
-        s = self.stack
+        s, c = self.stack, self.component
         try:
-            if self.name in POOL_FAULTS:
-                live = _live(s, self.name)
+            if self.freeze_s is not None:
+                if not self._resumed.is_set():
+                    return False
+                if c in POOL_FAULTS:
+                    return self.before in _live(s, c)
+                return c != "redis" or _accepts(s.cfg["redis"]["url"])
+            if c in POOL_FAULTS:
+                live = _live(s, c)
                 return len(live) >= len(self.before) and live != self.before
-            if self.name == "indexer":
+            if c == "indexer":
                 now = _indexers(s)
                 return bool(now) and now != self.before
-            name = _child_name(s, self.name)
+            name = _child_name(s, c)
             pid = _children(s)[name]
-            url = s.cfg["redis"]["url"] if self.name == "redis" else None
+            url = s.cfg["redis"]["url"] if c == "redis" else None
             return pid != self.before and (url is None or _accepts(url))
         except (OSError, RuntimeError, ValueError, StopIteration, KeyError):
             return False

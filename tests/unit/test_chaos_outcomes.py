@@ -61,3 +61,17 @@ def test_goodput_is_back_when_a_window_reaches_nine_tenths_of_before():
 def test_timeline_bins_good_and_bad_answers_by_when_they_ended():
     t = timeline([_stream(CHUNK + LAST + DONE), _stream(CHUNK)], start=0.0, end=2.0)
     assert t == {"good": [0, 1, 0], "bad": [0, 1, 0]}
+
+
+def test_fault_names_a_kill_or_a_freeze():
+    """`<component>:freeze` stops the component for freeze_s instead of killing it."""
+    import pytest
+
+    from bench.chaos.faults import FREEZES, Fault
+
+    kill, freeze = Fault(None, "redis"), Fault(None, "mooncake-store:freeze", freeze_s=7)
+    assert (kill.component, kill.freeze_s) == ("redis", None)
+    assert (freeze.component, freeze.freeze_s) == ("mooncake-store", 7)
+    assert "decode:freeze" in FREEZES and "indexer:freeze" not in FREEZES  # Serve's actor: a kill only
+    with pytest.raises(ValueError):
+        Fault(None, "indexer:freeze")
