@@ -7,6 +7,7 @@ goes to a log file per child under the state directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -191,3 +192,19 @@ def redis_process(host: str, port: int, directory: Path, log_path: Path, appendf
         raise FileNotFoundError("redis-server not installed (apt-get install redis-server)")
     argv = [binary, "--bind", host, "--port", str(port), *redis_argv(appendfsync), "--dir", str(directory)]
     return ManagedProcess("redis", argv, log_path, ready_port=(host, port))
+
+
+@contextlib.contextmanager
+def environ(overrides: dict[str, str]):
+    """This process's environment with `overrides` set for the block (children started in it
+    inherit them); afterwards each of those keys is as it was, set or unset."""
+    saved = {key: os.environ.get(key) for key in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

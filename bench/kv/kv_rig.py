@@ -12,7 +12,6 @@ event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 import uuid
@@ -24,27 +23,16 @@ from actors.vllm_plugin import FORK_ENV
 from cluster import loopback
 from common.config import BatonConfig
 from common.engine_threads import thread_env
-from common.processes import free_ports
+from common.processes import environ, free_ports
 from kvstore import mooncake
 from kvstore.spill import read_key, walk_objects
 
 
-@contextlib.contextmanager
 def _pair_env():
     """This process's environment while the pair's engine processes start (restored after): the
     cores split between the two engines and forked workers, as a stack's engines have
     (deployments/app.py)."""
-    env = {**thread_env(2, os.cpu_count() or 1), FORK_ENV: "1"}
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return environ({**thread_env(2, os.cpu_count() or 1), FORK_ENV: "1"})
 
 
 @dataclass

@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.processes import environ
+
 SOURCE = Path(__file__).with_name("bind_loopback.c")
 LOOPBACK = "127.0.0.1"
 
@@ -79,18 +81,13 @@ def local_ray():
     later module's multi-node `ray up` in that mode)."""
     from ray._private import ray_constants
 
-    saved_env = {key: os.environ.get(key) for key in ray_env()}
     saved_switch = ray_constants.ENABLE_RAY_CLUSTER
-    use_local_ray()
-    try:
-        yield
-    finally:
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+    with environ(ray_env()):
+        use_local_ray()
+        try:
+            yield
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_switch
 
 
 def env(exempt_ports: tuple[int, ...] = ()) -> dict[str, str]:
