@@ -9,10 +9,10 @@ import pytest
 from common.processes import ManagedProcess, free_ports, redis_process
 
 
-def start_redis(directory, appendfsync: str = "off", port: int | None = None) -> tuple[ManagedProcess, str]:
-    """A redis-server on loopback (a free port unless `port`), persisting in `directory` as
-    `appendfsync` says (none by default); (process, URL)."""
-    port = port or free_ports(1)[0]
+def start_redis(directory, appendfsync: str = "off") -> tuple[ManagedProcess, str]:
+    """A redis-server on a free loopback port, persisting in `directory` as `appendfsync` says
+    (none by default); (process, URL). `start()` on the process runs the same server again."""
+    port = free_ports(1)[0]
     server = redis_process("127.0.0.1", port, directory, directory / f"redis-{port}.log", appendfsync)
     server.start()
     server.wait_ready(10)

@@ -139,7 +139,6 @@ def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
     import zmq
 
     server, url = start_redis(tmp_path, "everysec")
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
     with _rig(url) as (loop, pub, client):
         payloads = _batches(pub, 3)
         loop._check_redis()  # first start: the epoch is set
@@ -157,7 +156,8 @@ def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
         with pytest.raises(redis.RedisError):
             loop._drain()
         assert loop.unwritten == {"r1"} and loop.seqs.expected["r1"] == 3
-        again, _ = start_redis(tmp_path, "everysec", port=port)
+        server.start()  # the same redis-server again, as `baton up` restarts it: its file is loaded
+        server.wait_ready(10)
         try:
             assert client.exists("baton:idx:r:r1")  # kept through the kill: no loss to rebuild...
             _until_answered(loop._check_redis)  # ...but r1's third batch is rebuilt
@@ -168,4 +168,4 @@ def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
             assert set(hashes) <= held
         finally:
             feed.close(0)
-            again.stop()
+            server.stop()

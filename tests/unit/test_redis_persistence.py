@@ -26,8 +26,10 @@ def _kill(server) -> None:
     server.proc.wait(10)
 
 
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1].split("/")[0])
+def _restart(server) -> None:
+    """The same redis-server again: its port, directory and persistence (as `baton up` restarts it)."""
+    server.start()
+    server.wait_ready(10)
 
 
 @pytest.mark.parametrize("appendfsync", ["everysec", "always"])
@@ -40,24 +42,24 @@ def test_every_acknowledged_write_survives_a_kill(tmp_path, appendfsync):
         client.hset("baton:batch:b1:done", str(i), f"result {i}")
     client.set("baton:resp:t:r1", "kept")
     _kill(server)
-    again, _ = start_redis(tmp_path, appendfsync, port=_port(url))
+    _restart(server)
     try:
         client = redis.Redis.from_url(url)
         assert client.hlen("baton:batch:b1:done") == WRITES
         assert client.get("baton:resp:t:r1") == b"kept"
     finally:
-        again.stop()
+        server.stop()
 
 
 def test_off_keeps_nothing(tmp_path):
     server, url = start_redis(tmp_path, "off")
     redis.Redis.from_url(url).set("k", "v")
     _kill(server)
-    again, _ = start_redis(tmp_path, "off", port=_port(url))
+    _restart(server)
     try:
         assert redis.Redis.from_url(url).get("k") is None
     finally:
-        again.stop()
+        server.stop()
 
 
 def test_a_response_finished_while_redis_restarts_is_kept(tmp_path):
@@ -73,13 +75,13 @@ def test_a_response_finished_while_redis_restarts_is_kept(tmp_path):
         keep = asyncio.ensure_future(api.keep("tenant-a", response, [{"role": "user", "content": "hi"}], "s1"))
         await asyncio.sleep(1.0)
         assert not keep.done()
-        again, _ = await asyncio.to_thread(start_redis, tmp_path, "everysec", _port(url))
+        await asyncio.to_thread(_restart, server)
         try:
             assert await asyncio.wait_for(keep, 15) is True
             stored = await api.store.get("tenant-a", "resp_1")
         finally:
             await client.aclose()
-            again.stop()
+            server.stop()
         return stored
 
     stored = asyncio.run(run())
