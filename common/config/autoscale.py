@@ -76,6 +76,14 @@ class AutoscalingSection(_Strict):
     target_ongoing_requests: float = Field(
         8, gt=0, description="requests in flight per replica that Serve steers towards"
     )
+    upscale_delay_s: float | None = Field(
+        None, ge=0, description="reactive policy: how long the need must stay above the replica count before "
+        "Serve adds one; null: Serve's default (30 s). The forecast policy sets Serve's delays to 0"
+    )
+    downscale_delay_s: float | None = Field(
+        None, ge=0, description="reactive policy: how long the need must stay below the replica count before "
+        "Serve removes one; null: Serve's default (600 s)"
+    )
     forecast: ForecastAutoscaling | None = Field(
         None, description="scale ahead of a forecast of the pool's load (deployments/autoscaling/scale_policy.py); "
         "null: the reactive policy, in-flight requests / target_ongoing_requests"

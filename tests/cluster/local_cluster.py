@@ -72,7 +72,8 @@ class LocalCluster:
             "prefill": {
                 "replicas": 1, "kv_cache_gb": 1,
                 "resources": {"num_gpus": 0, "accelerator_type": "H100", "resources": {"prefill": 1}},
-                "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1},
+                "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
+                                "upscale_delay_s": 2},
             },
             "decode": {
                 "replicas": 1, "kv_cache_gb": 1,

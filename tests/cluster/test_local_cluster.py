@@ -154,7 +154,7 @@ def test_unauthenticated_clients_are_refused(cluster):
     base = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
 
     def intrude(extra: dict) -> str:
-        env = {**base, **extra, "HOME": str(home), "RAY_gcs_rpc_server_reconnect_timeout_s": "10"}
+        env = {**base, **extra, "HOME": str(home), "RAY_gcs_rpc_server_reconnect_timeout_s": "4"}
         try:
             return subprocess.run([PYTHON, "-c", INTRUDER, cluster.address], cwd=REPO, env=env,
                                   capture_output=True, text=True, timeout=90).stdout

@@ -59,8 +59,9 @@ def sites(tmp_path_factory):
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda s: s.start(), stacks.values()))
     yield stacks, proxies
-    for s in stacks.values():
-        assert s.stop() == 0, s.tail()
+    with ThreadPoolExecutor(2) as pool:  # both at once, as they started
+        codes = list(pool.map(lambda s: s.stop(), stacks.values()))
+    assert codes == [0, 0], [s.tail() for s in stacks.values()]
     for p in proxies.values():
         p.close()
 

@@ -109,3 +109,17 @@ def test_vllm_engine_series_are_on_with_gpu_engines_and_where_configured():
     assert engine_kwargs(on, "decode")["disable_log_stats"] is False
     assert engine_kwargs(on, "decode")["structured_outputs_config"] == {"backend": "xgrammar",
                                                                        "disable_any_whitespace": True}
+
+
+def test_serves_delays_around_the_reactive_policy_are_settable(tmp_path):
+    """docs/deploy.md's example sets them; unset, Serve keeps its own defaults."""
+    from ray.serve.config import AutoscalingConfig
+
+    from cluster.deploy import pool_autoscaling
+
+    cfg = load_config(write(tmp_path, "prefill:\n  autoscaling: {max_replicas: 2, upscale_delay_s: 2}\n"), environ={})
+    got = pool_autoscaling(cfg.prefill, "prefill")
+    assert got["upscale_delay_s"] == 2.0 and "downscale_delay_s" not in got
+    assert AutoscalingConfig(**got).upscale_delay_s == 2.0
+    with pytest.raises(ConfigError, match="upscale_delay_s"):
+        load_config(write(tmp_path, "prefill:\n  autoscaling: {upscale_delay_s: -1}\n"), environ={})
