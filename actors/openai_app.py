@@ -29,11 +29,13 @@ import uuid
 from dataclasses import dataclass
 
 from actors import engine_args
+from actors.save_watch import DrainBudget, SaveWatch
 from common.config import BatonConfig
 from common.constants import NO_LOOKUP
 from common.processes import free_ports
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
+SAVE_DRAIN_FLOOR_S = 1.0  # the least a drain may wait, and all after one ran out (save_watch.py DrainBudget)
 SAVE_RECHECK_S = 0.5
 # vLLM's chat server's last resort for unset sampling fields (ChatCompletionRequest's
 # _DEFAULT_SAMPLING_PARAMS, less the penalties a first-token request leaves at 0).
@@ -89,6 +91,7 @@ class EngineApp:
         self.app = None
         self.state = None
         self.saves = None  # a SaveWatch on prefill replicas
+        self.drain = DrainBudget(SAVE_DRAIN_TIMEOUT_S, SAVE_DRAIN_FLOOR_S)  # how long a prefill waits for its saves
         self.spec = None  # a SpecCounts where the pool speculates
 
     async def start(self) -> None:
@@ -130,8 +133,6 @@ class EngineApp:
 
     async def _watch_saves(self) -> None:
         """Has the workers push save completions to a SaveWatch; without one, prefill polls."""
-        from actors.save_watch import SaveWatch
-
         watch = SaveWatch()
         watch.start()
         if all(await self.engine.collective_rpc("watch_kv_saves", args=(watch.address,))):
@@ -218,8 +219,10 @@ class EngineApp:
             first = last.outputs[0]
             await on_token({"token_id": int(first.token_ids[0]), "text": first.text,
                             "finish_reason": first.finish_reason})
-        end = await self._drain_saves(request_id, computed)
-        return PrefillResult(len(prompt_ids), cached, computed - started, time.monotonic() - computed, end)
+        end = await self._drain_saves(request_id, computed, self.drain.seconds())
+        drained = time.monotonic() - computed
+        self.drain.ended(end, drained)
+        return PrefillResult(len(prompt_ids), cached, computed - started, drained, end)
 
     def _one_token(self, sampling: dict | None):
         """SamplingParams for the prefill's one token: the request's fields over the
@@ -233,7 +236,7 @@ class EngineApp:
         return SamplingParams.from_optional(max_tokens=1, ignore_eos=bool(sampling.get("ignore_eos", False)),
                                             stop_token_ids=defaults.get("stop_token_ids"), **fields)
 
-    async def _drain_saves(self, request_id: str, finished: float) -> str:
+    async def _drain_saves(self, request_id: str, finished: float, timeout_s: float) -> str:
         """Waits until the connector has no queued store job of `request_id`,
         which finished generating at `finished`.
 
@@ -241,10 +244,11 @@ class EngineApp:
         finished. One question to the workers tells whether anything is left;
         then the workers' push (SaveWatch) ends the wait, with a question
         every SAVE_RECHECK_S in case a push is lost, or, without a watch, at
-        backing-off intervals. Gives up after SAVE_DRAIN_TIMEOUT_S (decode
-        then recomputes what is missing). Returns what ended the wait.
+        backing-off intervals. Gives up after `timeout_s` (`timeout`: the front
+        then has decode recompute the prompt without asking the store). Returns
+        what ended the wait.
         """
-        deadline = time.monotonic() + SAVE_DRAIN_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         delay, end = 0.001, "none_left"
         while time.monotonic() < deadline:
             if self.saves is not None and self.saves.saved_since(request_id, finished):

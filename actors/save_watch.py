@@ -8,6 +8,12 @@ request's push arrived, and wakes whoever waits for it.
 A push means "no store job queued at this moment". During a chunked prefill
 that can happen between two chunks, so a waiter only trusts a push that
 arrived after its request finished generating: no job is added after that.
+
+`DrainBudget` says how long a prefill waits for its saves: a stopped store
+(SIGSTOP, a hung host) holds each put for Mooncake's transfer timeout
+(30 s) and every save queued behind it, so once one wait has run out the
+next ones are short until a wait ends in time again; while it keeps up, the
+wait is bounded by a multiple of what drains take.
 """
 
 from __future__ import annotations
@@ -20,6 +26,36 @@ import time
 from collections import OrderedDict
 
 KEEP = 4096  # pushes remembered, for waiters that come late
+
+
+class DrainBudget:
+    """How long the next prefill waits for its KV saves; pure, no clock of its own.
+
+    `factor` times the drains that ended in time lately (a moving mean), at least
+    `floor_s` and at most `full_s`; after a wait ran out (the store stopped or far
+    behind: the request's decode then recomputes rather than loads,
+    deployments/front/pipeline/prefill.py), `floor_s` until one ends in time again."""
+
+    def __init__(self, full_s: float, floor_s: float, factor: float = 20.0, weight: float = 0.1) -> None:
+        self.full_s, self.floor_s, self.factor, self.weight = full_s, floor_s, factor, weight
+        self.typical_s: float | None = None  # moving mean of the drains that ended in time
+        self.slow = False
+
+    def seconds(self) -> float:
+        """The wait the next drain may take; changes nothing."""
+        if self.slow:
+            return self.floor_s
+        if self.typical_s is None:
+            return self.full_s
+        return min(self.full_s, max(self.floor_s, self.factor * self.typical_s))
+
+    def ended(self, end: str, took_s: float) -> None:
+        """Records how a drain ended (`timeout`, or anything else: in time) and how long it
+        took; opens or closes the short budget, and moves the mean with a drain in time."""
+        self.slow = end == "timeout"
+        if not self.slow:
+            w = 1.0 if self.typical_s is None else self.weight
+            self.typical_s = took_s if self.typical_s is None else (1 - w) * self.typical_s + w * took_s
 
 
 class SaveWatch:

@@ -21,8 +21,8 @@ class Prefill:
 
     async def __call__(self, req: Request) -> None:
         """Runs the prefill when the route has one; sets `req.info`'s prefill fields, or
-        `decode_only` when decode must compute the prompt. May begin `req.stream` and set
-        `req.first_token`."""
+        `decode_only` when decode must compute the prompt, and `req.store_lookup` off when the
+        prefill's saves did not drain. May begin `req.stream` and set `req.first_token`."""
         route, info = req.route, req.info
         if route is None or route.decode_only:
             return
@@ -46,6 +46,9 @@ class Prefill:
                                         self.cfg.serve.request_timeout_s, on_first if lead else None)
             info.prefill_cached_tokens = int(res["cached_tokens"])
             info.prefill_replica = route.prefill_replica
+            # Its saves did not drain in time (a stopped or lagging store, actors/save_watch.py
+            # DrainBudget): decode recomputes the prompt rather than wait on the store's loads.
+            req.store_lookup = res.get("drain_end") != "timeout"
         except Exception as exc:  # noqa: BLE001 - decode recomputes the prompt
             info.retried_after = f"prefill {type(exc).__name__}"
             info.decode_only = True

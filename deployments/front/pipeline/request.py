@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from common.constants import REQUEST_ID_HEADER, SESSION_HEADER
+from common.constants import NO_LOOKUP, REQUEST_ID_HEADER, SESSION_HEADER
 from common.response import BatonInfo
 from deployments.api import apis
 from deployments.front import first_token
@@ -34,6 +34,7 @@ class Request:
         self.response_headers: list = []
         self.ids: list[int] | None = None  # route: the rendered prompt's token ids
         self.first_token: int | None = None  # prefill: the token the stream began with
+        self.store_lookup = True  # prefill: False where its KV saves did not drain (decode recomputes)
         self.stream = None  # route: relay.EarlyStream around `send`
         self.finished = False
 
@@ -50,7 +51,8 @@ class Request:
         """The body the engine gets, built here only: the client's, with the tenant as vLLM's
         `cache_salt`, the rendered prompt ids (chat and Messages in `kv_transfer_params`, so the
         engine does not tokenise again; a completion's prompt becomes the ids), and, when the
-        prefill's token began the stream, the continuation after it. Changes `body`."""
+        prefill's token began the stream, the continuation after it, and `NO_LOOKUP` where
+        the store is not to be asked (`store_lookup`). Changes `body`."""
         body = self.body
         body["cache_salt"] = self.tenant
         if self.ids is not None:
@@ -58,6 +60,8 @@ class Request:
                 body["kv_transfer_params"] = {"prompt_token_ids": self.ids}
             elif self.kind == "text":
                 body["prompt"] = self.ids
+        if not self.store_lookup:
+            body["kv_transfer_params"] = {**(body.get("kv_transfer_params") or {}), NO_LOOKUP: True}
         if self.first_token is not None:
             first_token.continue_body(body, self.ids, self.first_token)
         return json.dumps(body).encode()
