@@ -24,8 +24,15 @@ from deployments.replica import EngineReplica
 from deployments.catalogue.runtime_envs import with_uploaded_envs
 
 
-def _engine_env(mooncake_config: Path | None) -> dict[str, str]:
-    return {"MOONCAKE_CONFIG_PATH": str(mooncake_config)} if mooncake_config else {}
+def _engine_env(cfg: BatonConfig, mooncake_config: Path | None) -> dict[str, str]:
+    """Where an engine finds the Mooncake store, and how long one of its transfers may take."""
+    if not mooncake_config:
+        return {}
+    timeout = str(cfg.mooncake.transfer_timeout_s)
+    # Over TCP, the store client's bounds are a transfer's status frame and its payload's progress
+    # (30 s each by default); MC_TRANSFER_TIMEOUT is the transfer engine's own.
+    return {"MOONCAKE_CONFIG_PATH": str(mooncake_config), "MC_TCP_STATUS_TIMEOUT_SEC": timeout,
+            "MC_TCP_PROGRESS_TIMEOUT_SEC": timeout, "MC_TRANSFER_TIMEOUT": timeout}
 
 
 # The spin cap when `{pool}.shm_spin_s` is null. Alone on its cores, an engine's reader
@@ -58,7 +65,7 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
           threads: dict[str, str], *bound):
     options = pool.resources.ray_actor_options()
     split = _threads(pool, threads)
-    options["runtime_env"] = {"env_vars": {**_engine_env(mooncake_config), **env, **split,
+    options["runtime_env"] = {"env_vars": {**_engine_env(cfg, mooncake_config), **env, **split,
                                            **_plugin_env(pool, split), **pool.env}}
     name = "decode" if role == "colocated" else role
     return serve.deployment(EngineReplica).options(

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench.chaos.durable import Durable
 from bench.chaos.faults import FAULTS, FREEZES, Fault
-from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, timeline
+from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, routing, timeline
 from bench.chaos.traffic import Traffic
 from bench.common.report import emit
 from bench.common.stack import StackProcess, bench_workdir, write_config
@@ -134,6 +134,7 @@ def run_fault(fault: Fault, rate: float, model: str, args, seed: int) -> dict:
         "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
         "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
         "timeline": timeline(attempts, start, end), **kept,
+        **routing(attempts, killed_at, None if back is None else killed_at + back),
     }
 
 

@@ -15,6 +15,10 @@ A request ends as one of `OUTCOMES`:
   error: a silent cut.
 `dropped` and `broken` are failures the client sees; `SILENT` ones (and an
 error that is not OpenAI's shape) are what a fault must never cause.
+
+`routing` says whether routing recovered: how often the index's prediction
+was the engine's cached tokens before the fault and after the component came
+back, and whether sessions stayed on one replica again.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ class Attempt:
             return "broken" if self.error else "truncated"
         retried = any(isinstance(e, dict) and (e.get("baton") or {}).get("retried_after") for e in events)
         return "retried" if retried else "ok"
+
+    def baton(self) -> dict:
+        """The answer's `baton` object (a plain answer's, or a stream's last event's); {} if none."""
+        events = _sse(self.body) if self.stream else [_json(self.body)]
+        found = [e["baton"] for e in events if isinstance(e, dict) and isinstance(e.get("baton"), dict)]
+        return found[-1] if found else {}
 
 
 def _json(raw: bytes):
@@ -114,3 +124,43 @@ def timeline(attempts: list[Attempt], start: float, end: float, bin_s: float = 1
         if 0 <= i < n:
             (good if a.outcome() in ("ok", "retried") else bad)[i] += 1
     return {"good": good, "bad": bad}
+
+
+def prediction(info: dict) -> str | None:
+    """`exact`, `over` or `under`: the index's predicted cached tokens against what the engine
+    that computed the prompt found (the rule of the front's metrics); None where the index
+    did not route the request."""
+    predicted = info.get("predicted_cached_tokens")
+    if predicted is None:
+        return None
+    actual = info.get("decode_cached_tokens", 0) if info.get("decode_only") else (info.get("prefill_cached_tokens") or 0)
+    return "exact" if predicted == actual else "over" if predicted > actual else "under"
+
+
+def _exact_share(attempts: list[Attempt]) -> float | None:
+    preds = [p for p in (prediction(a.baton()) for a in attempts) if p is not None]
+    return round(preds.count("exact") / len(preds), 4) if preds else None
+
+
+def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) -> dict:
+    """Whether routing recovered from a fault at `killed_at` whose component was back at `back_at`:
+    the share of answered requests whose index prediction was exact, among those sent before the
+    kill and those sent after the component was back; and `sessions_kept_after`, the share of
+    session turns sent after it whose replica was their session's previous turn's (a session
+    moved off a dead replica counts once)."""
+    answered = sorted((a for a in attempts if a.outcome() in ("ok", "retried")), key=lambda a: a.sent)
+    after = [a for a in answered if back_at is not None and a.sent >= back_at]
+    later = {id(a) for a in after}
+    last: dict[str, str] = {}
+    kept = turns = 0
+    for a in answered:
+        replica = a.baton().get("decode_replica")
+        if a.session is None or replica is None:
+            continue
+        if id(a) in later and a.session in last:
+            turns += 1
+            kept += last[a.session] == replica
+        last[a.session] = replica
+    return {"index_exact_before": _exact_share([a for a in answered if a.sent < killed_at]),
+            "index_exact_after": _exact_share(after),
+            "sessions_kept_after": round(kept / turns, 4) if turns else None}

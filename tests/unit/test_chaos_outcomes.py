@@ -75,3 +75,32 @@ def test_fault_names_a_kill_or_a_freeze():
     assert "decode:freeze" in FREEZES and "indexer:freeze" not in FREEZES  # Serve's actor: a kill only
     with pytest.raises(ValueError):
         Fault(None, "indexer:freeze")
+
+
+def _routed(sent: float, session: str | None, replica: str, predicted: int | None, actual: int,
+            stream: bool = False) -> Attempt:
+    info = {"decode_replica": replica, "predicted_cached_tokens": predicted, "decode_only": True,
+            "decode_cached_tokens": actual, "prefill_cached_tokens": None}
+    if stream:
+        raw = CHUNK + f'data: {json.dumps({"choices": [], "baton": info})}\n\n'.encode() + LAST + DONE
+        return Attempt(stream=True, sent=sent, session=session, status=200, body=raw, first_byte=sent, ended=sent + 1)
+    a = _plain({"choices": [{"finish_reason": "stop"}], "baton": info})
+    a.sent, a.session = sent, session
+    return a
+
+
+def test_routing_recovery_counts_exact_predictions_and_kept_sessions_around_the_fault():
+    from bench.chaos.outcomes import prediction, routing
+
+    assert prediction({"predicted_cached_tokens": 32, "decode_only": False, "prefill_cached_tokens": 16}) == "over"
+    assert prediction({"predicted_cached_tokens": None}) is None  # colocated, not routed by the index
+    attempts = [
+        _routed(0.0, "s1", "r1", 0, 0), _routed(1.0, "s1", "r1", 32, 16),  # before the kill at 2: 1 of 2 exact
+        _routed(3.0, "s1", "r2", 0, 0),  # during the fault: neither before nor after
+        _routed(5.0, "s1", "r2", 32, 32, stream=True),  # after the component was back at 4: kept (r2 again)
+        _routed(6.0, "s2", "r1", 16, 16), _routed(7.0, "s2", "r2", 0, 0),  # s2's second turn moved
+        _routed(8.0, None, "r1", 0, 0),  # not a session: counts for the index only
+    ]
+    got = routing(attempts, killed_at=2.0, back_at=4.0)
+    assert got == {"index_exact_before": 0.5, "index_exact_after": 1.0, "sessions_kept_after": 0.5}
+    assert routing(attempts, 2.0, None)["index_exact_after"] is None  # never back

@@ -35,3 +35,17 @@ def test_a_pool_that_sets_its_threads_or_has_gpus_keeps_them():
     assert _threads(cfg.prefill, split) == {}
     assert _threads(cfg.decode, split) == {}
     assert _threads(BatonConfig().prefill, split) == split
+
+
+def test_engines_that_use_the_store_bound_its_transfers():
+    """A stopped store must not hold a load for Mooncake's default 30 s (docs/bench_chaos.md)."""
+    from pathlib import Path
+
+    from deployments.app import _engine_env
+
+    cfg = BatonConfig.model_validate({"mooncake": {"transfer_timeout_s": 4}})
+    env = _engine_env(cfg, Path("/tmp/mooncake.json"))
+    assert env["MOONCAKE_CONFIG_PATH"] == "/tmp/mooncake.json"
+    assert env["MC_TCP_STATUS_TIMEOUT_SEC"] == env["MC_TCP_PROGRESS_TIMEOUT_SEC"] == env["MC_TRANSFER_TIMEOUT"] == "4"
+    assert _engine_env(cfg, None) == {}  # no store: nothing to bound
+    assert BatonConfig().mooncake.transfer_timeout_s == 5
