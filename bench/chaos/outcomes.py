@@ -137,15 +137,21 @@ def prediction(info: dict) -> str | None:
     return "exact" if predicted == actual else "over" if predicted > actual else "under"
 
 
-def _exact_share(attempts: list[Attempt]) -> float | None:
+def _predictions(attempts: list[Attempt]) -> dict[str, int]:
     preds = [p for p in (prediction(a.baton()) for a in attempts) if p is not None]
-    return round(preds.count("exact") / len(preds), 4) if preds else None
+    return {k: preds.count(k) for k in ("exact", "over", "under")}
+
+
+def _exact_share(counted: dict[str, int]) -> float | None:
+    n = sum(counted.values())
+    return round(counted["exact"] / n, 4) if n else None
 
 
 def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) -> dict:
     """Whether routing recovered from a fault at `killed_at` whose component was back at `back_at`:
     the share of answered requests whose index prediction was exact, among those sent before the
-    kill and those sent after the component was back; and `sessions_kept_after`, the share of
+    kill and those sent after the component was back (`index_before`, `index_after`: how many
+were exact, over and under); and `sessions_kept_after`, the share of
     session turns sent after it whose replica was their session's previous turn's (a session
     moved off a dead replica counts once)."""
     answered = sorted((a for a in attempts if a.outcome() in ("ok", "retried")), key=lambda a: a.sent)
@@ -161,6 +167,7 @@ def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) ->
             turns += 1
             kept += last[a.session] == replica
         last[a.session] = replica
-    return {"index_exact_before": _exact_share([a for a in answered if a.sent < killed_at]),
-            "index_exact_after": _exact_share(after),
+    before, later_counts = _predictions([a for a in answered if a.sent < killed_at]), _predictions(after)
+    return {"index_exact_before": _exact_share(before), "index_exact_after": _exact_share(later_counts),
+            "index_before": before, "index_after": later_counts,
             "sessions_kept_after": round(kept / turns, 4) if turns else None}
