@@ -46,15 +46,16 @@ down:
 status:
 	$(BIN)/baton status
 
-# Unit tests first, on a quiet machine; then the shared e2e stack; then the
-# notebook, which starts stacks of its own (one stack at a time on 2 cores).
+# Unit tests first, on a quiet machine, one worker per core (pytest-xdist); then
+# the shared e2e stack; then the notebook, which starts stacks of its own (one
+# stack at a time on 2 cores).
 test: install
-	$(BIN)/python -m pytest -v -rs --timeout=300 tests/unit
+	$(BIN)/python -m pytest -v -rs --timeout=300 -n auto tests/unit
 	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/e2e
 	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests --ignore=tests/unit --ignore=tests/e2e
 
 test-unit: install
-	$(BIN)/python -m pytest -v tests/unit
+	$(BIN)/python -m pytest -v -n auto tests/unit
 
 # The one-machine cluster flow alone (`ray up` cluster/ray_up/local.yaml, baton
 # deploy, placement, autoscaling, `ray down`); `make test` runs it too, in its

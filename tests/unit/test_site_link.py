@@ -19,6 +19,7 @@ from common.config import load_config
 from deployments.admission.admission import Admission
 from deployments.admission.async_admission import AsyncAdmission
 from deployments.sites.site_link import SiteLink
+from routing.sites.latency_map import LatencyMap
 from tests.unit.test_config import write
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -71,6 +72,11 @@ async def _scenario(tmp_path, peers: dict[str, dict], requests: int, policy: str
             link = SiteLink(cfg, gate, http)
             for name, url in urls.items():
                 await link._probe(name, url)
+            # The probes' measured RTTs order the near set, and with it the seeded draw: fixed ones,
+            # in the peers' order, keep each scenario's draws the same run to run.
+            link.latency = LatencyMap(ttl_s=link.latency.ttl_s)
+            for i, name in enumerate(urls):
+                link.latency.observe(link.name, name, 0.001 * (i + 1), link.clock())
             for _ in range(requests):
                 if session_at is not None:
                     link.served_at("s", session_at)
