@@ -151,9 +151,9 @@ def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) ->
     """Whether routing recovered from a fault at `killed_at` whose component was back at `back_at`:
     the share of answered requests whose index prediction was exact, among those sent before the
     kill and those sent after the component was back (`index_before`, `index_after`: how many
-were exact, over and under); and `sessions_kept_after`, the share of
-    session turns sent after it whose replica was their session's previous turn's (a session
-    moved off a dead replica counts once)."""
+    were exact, over and under); and `sessions_kept_after`, the share of session turns sent
+    after it whose replica was their session's previous turn's (a session moved off a dead
+    replica counts once)."""
     answered = sorted((a for a in attempts if a.outcome() in ("ok", "retried")), key=lambda a: a.sent)
     after = [a for a in answered if back_at is not None and a.sent >= back_at]
     later = {id(a) for a in after}
