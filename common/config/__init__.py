@@ -137,9 +137,9 @@ class MooncakeConfig(_Strict):
     transfer_timeout_s: int = Field(
         5, gt=0, description="the engines' Mooncake transfer timeouts (MC_TCP_STATUS_TIMEOUT_SEC, "
         "MC_TCP_PROGRESS_TIMEOUT_SEC, MC_TRANSFER_TIMEOUT; Mooncake's default 30 s): a load from a stopped "
-        "store fails after it and the request recomputes its KV (kv_load_failure_policy), where at 30 s a 40 s store freeze hung 2 of 678 requests past the "
-        "client's 30 s deadline (docs/bench_chaos.md). A put or get that moves more than this allows at the "
-        "link's speed needs more"
+        "store fails after it and the request recomputes its KV (kv_load_failure_policy), where at 30 s "
+        "a 40 s store freeze hung 2 of 678 requests past the client's 30 s deadline (docs/bench_chaos.md). "
+        "A put or get that moves more than this allows at the link's speed needs more"
     )
     master_rpc_threads: int = Field(
         8, gt=0, description="master RPC threads (Mooncake's default is one per core: two on a 2-core node)"
