@@ -19,6 +19,13 @@ def start_redis(directory, appendfsync: str = "off") -> tuple[ManagedProcess, st
     return server, f"redis://127.0.0.1:{port}/0"
 
 
+def restart_redis(server: ManagedProcess) -> None:
+    """Runs a stopped or killed `start_redis` server again: its port, directory and persistence,
+    as `baton up`'s supervision restarts it (a persisting one loads its file)."""
+    server.start()
+    server.wait_ready(10)
+
+
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     server, url = start_redis(tmp_path_factory.mktemp("redis"))

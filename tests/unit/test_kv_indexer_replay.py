@@ -19,7 +19,7 @@ from common.config import BatonConfig
 from common.processes import free_ports
 from deployments.kv_index.kv_indexer import EventLoop
 from routing.prefix.redis_state import Registry, registry_key
-from tests.unit.conftest import start_redis
+from tests.unit.conftest import restart_redis, start_redis
 
 BLOCK = 2
 
@@ -156,8 +156,7 @@ def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
         with pytest.raises(redis.RedisError):
             loop._drain()
         assert loop.unwritten == {"r1"} and loop.seqs.expected["r1"] == 3
-        server.start()  # the same redis-server again, as `baton up` restarts it: its file is loaded
-        server.wait_ready(10)
+        restart_redis(server)  # its file is loaded
         try:
             assert client.exists("baton:idx:r:r1")  # kept through the kill: no loss to rebuild...
             _until_answered(loop._check_redis)  # ...but r1's third batch is rebuilt

@@ -16,7 +16,7 @@ from common.redis_retry import retried
 from deployments.api.response_store import ResponseStore
 from deployments.api.responses_api import ResponsesAPI
 from deployments.batch.batch_store import BatchStore
-from tests.unit.conftest import start_redis
+from tests.unit.conftest import restart_redis, start_redis
 
 WRITES = 2000
 
@@ -24,12 +24,6 @@ WRITES = 2000
 def _kill(server) -> None:
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait(10)
-
-
-def _restart(server) -> None:
-    """The same redis-server again: its port, directory and persistence (as `baton up` restarts it)."""
-    server.start()
-    server.wait_ready(10)
 
 
 @pytest.mark.parametrize("appendfsync", ["everysec", "always"])
@@ -42,7 +36,7 @@ def test_every_acknowledged_write_survives_a_kill(tmp_path, appendfsync):
         client.hset("baton:batch:b1:done", str(i), f"result {i}")
     client.set("baton:resp:t:r1", "kept")
     _kill(server)
-    _restart(server)
+    restart_redis(server)
     try:
         client = redis.Redis.from_url(url)
         assert client.hlen("baton:batch:b1:done") == WRITES
@@ -55,7 +49,7 @@ def test_off_keeps_nothing(tmp_path):
     server, url = start_redis(tmp_path, "off")
     redis.Redis.from_url(url).set("k", "v")
     _kill(server)
-    _restart(server)
+    restart_redis(server)
     try:
         assert redis.Redis.from_url(url).get("k") is None
     finally:
@@ -75,7 +69,7 @@ def test_a_response_finished_while_redis_restarts_is_kept(tmp_path):
         keep = asyncio.ensure_future(api.keep("tenant-a", response, [{"role": "user", "content": "hi"}], "s1"))
         await asyncio.sleep(1.0)
         assert not keep.done()
-        await asyncio.to_thread(_restart, server)
+        await asyncio.to_thread(restart_redis, server)
         try:
             assert await asyncio.wait_for(keep, 15) is True
             stored = await api.store.get("tenant-a", "resp_1")

@@ -9,30 +9,26 @@ import asyncio
 import pytest
 
 from common.config import RedisConfig
-from common.processes import redis_process
-from tests.unit.conftest import start_redis
+from tests.unit.conftest import restart_redis, start_redis
 
 POOLED = 4
 
 
 def _failures_after_restart(tmp_path, reconnect: bool) -> int:
     server, url = start_redis(tmp_path)
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
     client = RedisConfig(url=url).client(asynchronous=True, reconnect=reconnect, socket_timeout=5)
 
     async def run() -> int:
         # POOLED commands at once: the pool now holds that many idle connections.
         await asyncio.gather(*(client.blpop(["nothing"], timeout=0.1) for _ in range(POOLED)))
         server.stop()
-        again = redis_process("127.0.0.1", port, tmp_path, tmp_path / "redis-2.log")
-        again.start()
-        again.wait_ready(10)
+        restart_redis(server)
         try:
             res = await asyncio.gather(*(client.set(f"k{i}", i) for i in range(POOLED)), return_exceptions=True)
             return sum(isinstance(r, Exception) for r in res)
         finally:
             await client.aclose()
-            again.stop()
+            server.stop()
     return asyncio.run(run())
 
 
