@@ -137,8 +137,8 @@ def prediction(info: dict) -> str | None:
     return "exact" if predicted == actual else "over" if predicted > actual else "under"
 
 
-def _predictions(attempts: list[Attempt]) -> dict[str, int]:
-    preds = [p for p in (prediction(a.baton()) for a in attempts) if p is not None]
+def _predictions(infos: list[dict]) -> dict[str, int]:
+    preds = [p for p in map(prediction, infos) if p is not None]
     return {k: preds.count(k) for k in ("exact", "over", "under")}
 
 
@@ -154,20 +154,21 @@ def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) ->
     were exact, over and under); and `sessions_kept_after`, the share of session turns sent
     after it whose replica was their session's previous turn's (a session moved off a dead
     replica counts once)."""
-    answered = sorted((a for a in attempts if a.outcome() in ("ok", "retried")), key=lambda a: a.sent)
-    after = [a for a in answered if back_at is not None and a.sent >= back_at]
-    later = {id(a) for a in after}
+    answered = sorted(((a, a.baton()) for a in attempts if a.outcome() in ("ok", "retried")),
+                      key=lambda pair: pair[0].sent)
+    after = [(a, info) for a, info in answered if back_at is not None and a.sent >= back_at]
     last: dict[str, str] = {}
     kept = turns = 0
-    for a in answered:
-        replica = a.baton().get("decode_replica")
+    for a, info in answered:
+        replica = info.get("decode_replica")
         if a.session is None or replica is None:
             continue
-        if id(a) in later and a.session in last:
+        if back_at is not None and a.sent >= back_at and a.session in last:
             turns += 1
             kept += last[a.session] == replica
         last[a.session] = replica
-    before, later_counts = _predictions([a for a in answered if a.sent < killed_at]), _predictions(after)
+    before = _predictions([info for a, info in answered if a.sent < killed_at])
+    later_counts = _predictions([info for _, info in after])
     return {"index_exact_before": _exact_share(before), "index_exact_after": _exact_share(later_counts),
             "index_before": before, "index_after": later_counts,
             "sessions_kept_after": round(kept / turns, 4) if turns else None}
