@@ -34,8 +34,9 @@ class FeedWriter:
     """The indexer's writer: RedisIndex's updates, also published on CHANNEL after each flush (or
     at once outside a batch). Same interface as RedisIndex's updates and batches."""
 
-    def __init__(self, writer: RedisIndex):
+    def __init__(self, writer: RedisIndex, then=None):
         self.writer = writer
+        self.then = then  # queues the indexer's own state after each flush's updates (RedisIndex.flush)
         self.epoch = os.urandom(6).hex()
         self.seq = 0
         self.ops: list = []
@@ -48,7 +49,12 @@ class FeedWriter:
     def flush(self) -> None:
         """Sends the batch's updates to Redis and publishes them in the same pipeline."""
         self._batched = False
-        self.writer.flush(publish=self._message())
+        self.writer.flush(publish=self._message(), then=self.then)
+
+    @property
+    def batched(self) -> bool:
+        """Whether updates are being queued for a `flush`."""
+        return self._batched
 
     def _message(self) -> tuple[str, bytes] | None:
         if not self.ops:

@@ -11,11 +11,15 @@ from the index, so the router forgets a dead replica's blocks.
 Every batch is applied once and in order (routing/prefix/event_sequence.py): a gap in
 an engine's sequence numbers is filled from the engine's replay buffer
 (deployments/kv_index/event_replay.py); when it cannot be, or the engine restarted,
-the replica's holdings are forgotten rather than kept wrong.
+the replica's holdings are forgotten rather than kept wrong. The translator's
+maps and each replica's next batch are saved with the index
+(deployments/kv_index/indexer_state.py), so a replacement indexer replays only
+what was published while none ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -25,6 +29,7 @@ from ray import serve
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
+from deployments.kv_index import indexer_state
 from deployments.kv_index.event_replay import replay
 from deployments.kv_index.index_feed import FeedWriter
 from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
@@ -46,10 +51,13 @@ class EventLoop:
         from vllm.distributed.kv_events import KVEventBatch
 
         r = cfg.routing
+        self.cfg = cfg
         self.redis = cfg.redis.client(socket_timeout=5)
-        self.writer = FeedWriter(RedisIndex(self.redis))  # Redis, and every front's copy (index_feed.py)
+        # Redis, every front's copy (index_feed.py), and this loop's own state after each flush.
+        self.writer = FeedWriter(RedisIndex(self.redis), then=self._save)
         self.timeout_s = r.replica_timeout_s
-        self.translator = EventTranslator(cfg.model.block_size)
+        self.block_size = cfg.model.block_size
+        self.translator = EventTranslator(self.block_size, journal=[])
         self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.SUB)
@@ -67,9 +75,61 @@ class EventLoop:
         self.unwritten: set[str] = set()  # replicas with batches applied here whose writes Redis may lack
         self.rewrites: Counter = Counter()  # rebuilds of those, once Redis answered again
         self.endpoints: dict[str, str] = {}  # replica -> its engine's replay socket
+        self.moved: set[str] = set()  # replicas whose next batch number changed since the last save
+        self.resumed: Counter = Counter()  # replicas taken over from a previous indexer's saved state
+        self._resume()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="baton-kv-indexer", daemon=True)
         self.thread.start()
+
+    @contextlib.contextmanager
+    def _batch(self):
+        """Queues the block's updates for one flush, unless a batch is open already."""
+        if self.writer.batched:
+            yield
+            return
+        self.writer.begin()
+        try:
+            yield
+        finally:
+            self.writer.flush()
+
+    def _save(self, pipe) -> None:
+        """Queues the translator's journal and the moved replicas' positions after a flush's updates."""
+        ops, self.translator.journal[:] = list(self.translator.journal), []
+        positions = {r: (self.seqs.expected[r], self.endpoints.get(r)) if r in self.seqs.expected else None
+                     for r in self.moved}
+        self.moved.clear()
+        indexer_state.queue(pipe, ops, positions)
+
+    def _resume(self) -> None:
+        """Takes over the state a previous indexer saved while Redis still holds its index: the
+        translator's maps and each replica's next batch, so that only batches published since are
+        replayed. A replica gone from the registry, or whose engine now answers replays on another
+        socket (a new engine process), is forgotten instead. Redis away: starts empty, as before."""
+        try:
+            if not self.redis.exists(INDEX_EPOCH_KEY):
+                return  # a first start, or a Redis that lost its data
+            saved = indexer_state.load(self.redis)
+            live = {}
+            for pool in ("prefill", "decode"):
+                live.update(Registry.entries(self.redis.hgetall(registry_key(pool))))
+            self.translator.restore_store(saved.store)
+            with self._batch():
+                for replica, (nxt, endpoint) in saved.seqs.items():
+                    self.translator.restore(replica, saved.maps.get(replica, {}))
+                    now_at = live.get(replica, {}).get("events_replay")
+                    if replica in live and endpoint in (None, now_at):
+                        self.seqs.applied(replica, nxt - 1)
+                        self.known.add(replica)
+                        self.endpoints.update({replica: now_at} if now_at else {})
+                        self.resumed[replica] += 1
+                    else:
+                        self._forget(replica)
+                        self.moved.add(replica)
+        except redis.RedisError:
+            self.translator = EventTranslator(self.block_size, journal=[])
+            self.seqs, self.known, self.resumed = SequenceTracker(), set(), Counter()
 
     def _sweep(self) -> None:
         """Forgets replicas whose heartbeat went stale (their blocks and entry); notes the others' replay sockets."""
@@ -80,9 +140,11 @@ class EventLoop:
                     self.endpoints[replica] = info["events_replay"]
                 if now - info["ts"] > self.timeout_s:
                     self.redis.hdel(registry_key(pool), replica)
-                    self._forget(replica)
-                    self.known.discard(replica)
-                    self.seqs.forget(replica)
+                    with self._batch():
+                        self._forget(replica)
+                        self.known.discard(replica)
+                        self.seqs.forget(replica)
+                        self.moved.add(replica)
                     self.endpoints.pop(replica, None)
 
     def _check_redis(self) -> None:
@@ -105,6 +167,7 @@ class EventLoop:
             try:
                 self._forget(replica)
                 self._fill(replica, 0, expected)
+                self.moved.add(replica)  # its saved position went with the data, or with the failed write
             finally:
                 self.writer.flush()
             self.unwritten.discard(replica)
@@ -128,18 +191,20 @@ class EventLoop:
         return self.endpoints.get(replica)
 
     def _receive(self, replica: str, seq: int, payload: bytes) -> None:
-        """Applies batch `seq` of `replica`, first filling any gap before it."""
+        """Applies batch `seq` of `replica`, first filling any gap before it (in one flush)."""
         verdict = self.seqs.observe(replica, seq)
         if verdict.step is Step.STALE:
             return
-        if verdict.step is Step.RESTART:
-            self._forget(replica)
-            self.resyncs[replica] += 1
-        elif verdict.step is Step.GAP:
-            self.gaps[replica] += 1
-            self._fill(replica, verdict.missing_from, seq)
-        self._apply(replica, payload)
-        self.seqs.applied(replica, seq)
+        with self._batch():
+            if verdict.step is Step.RESTART:
+                self._forget(replica)
+                self.resyncs[replica] += 1
+            elif verdict.step is Step.GAP:
+                self.gaps[replica] += 1
+                self._fill(replica, verdict.missing_from, seq)
+            self._apply(replica, payload)
+            self.seqs.applied(replica, seq)
+            self.moved.add(replica)
 
     def _fill(self, replica: str, start: int, seq: int) -> None:
         """Applies batches start..seq-1 from the engine's buffer, or forgets the replica's holdings."""
@@ -225,7 +290,8 @@ class EventLoop:
         return {"applied_events": sum(self.applied.values()), "dropped_events": sum(self.dropped.values()),
                 "evicted_blocks": sum(self.evicted.values()), "gaps": sum(self.gaps.values()),
                 "replayed_batches": sum(self.replayed.values()), "resyncs": sum(self.resyncs.values()),
-                "redis_losses": self.redis_losses, "rewrites": sum(self.rewrites.values())}
+                "redis_losses": self.redis_losses, "rewrites": sum(self.rewrites.values()),
+                "resumed": sum(self.resumed.values())}
 
     def stop(self) -> None:
         self._stop.set()
@@ -237,11 +303,12 @@ class KVIndexer:
         self.loop = EventLoop(BatonConfig.model_validate(cfg))
 
     def stats(self) -> dict:
-        """Per replica: events applied and dropped, stream gaps, batches replayed, resyncs and the
-        next batch number expected; changes nothing."""
+        """Per replica: events applied and dropped, stream gaps, batches replayed, resyncs, whether it
+        was resumed from a previous indexer's state, and the next batch number expected; changes nothing."""
         lp = self.loop
         return {"applied": dict(lp.applied), "dropped": dict(lp.dropped), "gaps": dict(lp.gaps),
-                "replayed": dict(lp.replayed), "resyncs": dict(lp.resyncs), "next_seq": dict(lp.seqs.expected),
+                "replayed": dict(lp.replayed), "resyncs": dict(lp.resyncs), "resumed": dict(lp.resumed),
+                "next_seq": dict(lp.seqs.expected),
                 "replicas": sorted(lp.known)}
 
     async def check_health(self) -> None:

@@ -15,6 +15,11 @@ engine's own copy, so the translator keeps them in a map of their own until
 the store reports them gone (kvstore/holdings.py) or no replica that saved
 them is left to report it.
 
+With a `journal` list, every change to the maps is also appended to it as an
+op (`Op`), which the KV indexer writes to Redis with the index itself
+(deployments/kv_index/indexer_state.py), so that an indexer that replaces it
+resumes with the same maps (`restore`, `restore_store`).
+
 Pure: no I/O; each call says what it changes.
 """
 
@@ -44,14 +49,37 @@ def salt_of(extra_keys: Any) -> str | None:
     return None
 
 
+# A journal op: ("set", replica, {engine hash: (baton hash, salt)}), ("del", replica, [engine
+# hashes]), ("clear", replica), ("store_set", {engine hash: (baton hash, [replicas])}) or
+# ("store_del", [engine hashes]).
+Op = tuple
+
+
 @dataclass
 class EventTranslator:
     block_size: int
     hash_fn: BlockHashFn = sha256_block_hash
+    journal: list[Op] | None = None  # where changes are appended, if anywhere (module docstring)
     # replica -> engine hash -> (baton hash, salt)
     _maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)
     # engine hash -> (baton hash, replicas that saved it into the store and audit it there)
     _store: dict[Any, tuple[int, set[str]]] = field(default_factory=dict)
+
+    def _log(self, op: Op) -> None:
+        if self.journal is not None:
+            self.journal.append(op)
+
+    def restore(self, replica: str, entries: dict[Any, tuple[int, str | None]]) -> None:
+        """Sets `replica`'s map to `entries` (as a journal wrote them); journals nothing."""
+        self._maps[replica] = dict(entries)
+
+    def restore_store(self, entries: dict[Any, tuple[int, Sequence[str]]]) -> None:
+        """Sets the store holdings to `entries` (as a journal wrote them); journals nothing."""
+        self._store = {h: (baton, set(saved_by)) for h, (baton, saved_by) in entries.items()}
+
+    def replicas(self) -> list[str]:
+        """Replicas with a map (announced blocks, or restored); changes nothing."""
+        return sorted(self._maps)
 
     def stored(self, replica: str, engine_hashes: Sequence[Any], parent: Any,
                token_ids: Sequence[int], extra_keys: Sequence[Any] | None) -> Translated | None:
@@ -70,8 +98,9 @@ class EventTranslator:
             salt = salt_of(extra_keys[0]) if extra_keys else None
         n = len(engine_hashes) * self.block_size
         out = hash_blocks(token_ids[:n], self.block_size, salt, baton_parent, self.hash_fn)
-        for eh, h in zip(engine_hashes, out):
-            m[eh] = (h, salt)
+        new = {eh: (h, salt) for eh, h in zip(engine_hashes, out)}
+        m.update(new)
+        self._log(("set", replica, new))
         return Translated(out, baton_parent)
 
     def known(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
@@ -84,35 +113,57 @@ class EventTranslator:
         skipped); remembers them as store holdings that `replica` vouches for."""
         m = self._maps.get(replica, {})
         out: list[int] = []
+        changed = {}
         for h in engine_hashes:
             if h in self._store:
-                self._store[h][1].add(replica)
+                if replica not in self._store[h][1]:
+                    self._store[h][1].add(replica)
+                    changed[h] = self._store[h]
                 out.append(self._store[h][0])
             elif h in m:
-                self._store[h] = (m[h][0], {replica})
+                self._store[h] = changed[h] = (m[h][0], {replica})
                 out.append(m[h][0])
+        if changed:
+            self._log(("store_set", {h: (baton, sorted(by)) for h, (baton, by) in changed.items()}))
         return out
 
     def store_removed(self, engine_hashes: Sequence[Any]) -> list[int]:
         """Baton hashes of store blocks that no tier holds any more; forgets them."""
-        return [self._store.pop(h)[0] for h in engine_hashes if h in self._store]
+        gone = list(dict.fromkeys(h for h in engine_hashes if h in self._store))
+        if gone:
+            self._log(("store_del", gone))
+        return [self._store.pop(h)[0] for h in gone]
 
     def store_forget(self, replica: str) -> list[int]:
         """Drops `replica` as a witness of store holdings; returns (and forgets) the Baton
         hashes no other replica vouches for, since nobody would report their eviction."""
         out: list[int] = []
+        gone, kept = [], {}
         for h, (baton, saved_by) in list(self._store.items()):
+            if replica not in saved_by:
+                continue
             saved_by.discard(replica)
-            if not saved_by:
+            if saved_by:
+                kept[h] = (baton, sorted(saved_by))
+            else:
                 del self._store[h]
+                gone.append(h)
                 out.append(baton)
+        if kept:
+            self._log(("store_set", kept))
+        if gone:
+            self._log(("store_del", gone))
         return out
 
     def removed(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
         """Baton hashes of removed blocks; forgets them for `replica`."""
         m = self._maps.get(replica, {})
-        return [m.pop(h)[0] for h in engine_hashes if h in m]
+        gone = list(dict.fromkeys(h for h in engine_hashes if h in m))
+        if gone:
+            self._log(("del", replica, gone))
+        return [m.pop(h)[0] for h in gone]
 
     def cleared(self, replica: str) -> None:
         """Forgets everything `replica` announced."""
         self._maps.pop(replica, None)
+        self._log(("clear", replica))

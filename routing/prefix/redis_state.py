@@ -80,14 +80,19 @@ class RedisIndex(KVIndex):
         if self._batch is None:
             self._batch = self.r.pipeline(transaction=False)
 
-    def flush(self, publish: tuple[str, bytes] | None = None) -> None:
-        """Sends the queued updates (if any) and ends the batch; `publish`: a (channel, message) sent
-        after them in the same round trip (deployments/kv_index/index_feed.py)."""
+    def flush(self, publish: tuple[str, bytes] | None = None, then=None) -> None:
+        """Sends the queued updates (if any) and ends the batch. `then(pipe)` queues more commands
+        after them (the indexer's own state, deployments/kv_index/indexer_state.py) and
+        `publish`, a (channel, message), goes last (deployments/kv_index/index_feed.py), all in
+        the same round trip."""
         pipe, self._batch = self._batch, None
         if pipe is None:
-            if publish:
+            if then is None and publish:
                 self.r.publish(*publish)
-            return
+                return
+            pipe = self.r.pipeline(transaction=False)
+        if then is not None:
+            then(pipe)
         if publish:
             pipe.publish(*publish)
         if len(pipe):

@@ -68,3 +68,45 @@ def test_store_holdings_stay_while_another_replica_vouches_for_them():
     assert t.store_stored("p1", ["e1"]) == h and t.store_stored("p2", ["e1"]) == h
     assert t.store_forget("p1") == []
     assert t.store_forget("p2") == h
+
+
+def _replayed(journal: list) -> tuple[dict, dict]:
+    """The maps a journal leaves behind, applied as deployments/kv_index/indexer_state.py writes them."""
+    maps: dict = {}
+    store: dict = {}
+    for op in journal:
+        if op[0] == "set":
+            maps.setdefault(op[1], {}).update(op[2])
+        elif op[0] == "del":
+            for h in op[2]:
+                maps.get(op[1], {}).pop(h, None)
+        elif op[0] == "clear":
+            maps.pop(op[1], None)
+        elif op[0] == "store_set":
+            store.update(op[1])
+        elif op[0] == "store_del":
+            for h in op[1]:
+                store.pop(h, None)
+    return maps, store
+
+
+def test_the_journal_rebuilds_a_translator_that_translates_the_same():
+    journal: list = []
+    t = EventTranslator(BS, journal=journal)
+    t.stored("r1", ["e1", "e2"], None, TOKENS[:8], [("tenant-a",), None])
+    t.stored("r2", ["f1"], None, TOKENS[:4], [("tenant-a",)])
+    t.store_stored("r1", ["e1", "e2"])
+    t.store_stored("r2", ["f1"])
+    t.removed("r1", ["e1", "e1"])  # a repeated hash is removed once
+    t.store_forget("r2")
+    t.cleared("r2")
+    maps, store = _replayed(journal)
+    assert set(maps) == {"r1"} and set(maps["r1"]) == {"e2"} and set(store) == {"e1", "e2"}
+    resumed = EventTranslator(BS)
+    for replica, entries in maps.items():
+        resumed.restore(replica, entries)
+    resumed.restore_store(store)
+    later = resumed.stored("r1", ["e3"], "e2", TOKENS[8:12], [None])  # chains on a restored parent
+    assert later.hashes == hash_blocks(TOKENS, BS, "tenant-a")[2:]
+    assert resumed.store_removed(["e1"]) == t.store_removed(["e1"])
+    assert resumed.replicas() == ["r1"]

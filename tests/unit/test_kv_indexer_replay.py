@@ -25,7 +25,7 @@ BLOCK = 2
 
 
 @contextlib.contextmanager
-def _rig(redis_url: str):
+def _rig(redis_url: str, buffer_steps: int = 10_000):
     """(indexer loop with its thread stopped, vLLM publisher of replica r1, Redis client)."""
     from vllm.distributed.kv_events import ZmqEventPublisher
 
@@ -40,7 +40,8 @@ def _rig(redis_url: str):
     endpoint = f"tcp://127.0.0.1:{replay_port}"
     # The live stream goes to a socket nobody reads: every batch reaches the
     # loop only as the test hands it over, or through the replay socket.
-    pub = ZmqEventPublisher(0, endpoint=f"tcp://127.0.0.1:{sink}", replay_endpoint=endpoint, topic="r1")
+    pub = ZmqEventPublisher(0, endpoint=f"tcp://127.0.0.1:{sink}", replay_endpoint=endpoint,
+                            buffer_steps=buffer_steps, topic="r1")
     Registry.beat(client, "decode", "r1", {"events_replay": endpoint})
     try:
         yield loop, pub, client
@@ -117,6 +118,77 @@ def test_a_redis_that_lost_its_data_gets_the_index_back(rig):
     assert {k for k in client.keys("baton:idx:*")} == stored
     loop._check_redis()  # the epoch is back: nothing more to do
     assert loop.redis_losses == 1
+
+
+def _successor(loop: EventLoop) -> EventLoop:
+    """A new indexer in place of `loop` (whose socket it takes), its thread stopped like the rig's."""
+    import zmq
+
+    loop.sock.close(0)
+    deadline = time.monotonic() + 10
+    while True:  # a closed socket's port is let go by ZMQ's I/O thread, a moment later
+        try:
+            new = EventLoop(loop.cfg)
+            break
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    new.stop()
+    new.thread.join(5)
+    return new
+
+
+def _removal(pub, engine_hash: int) -> bytes:
+    """Publishes one batch removing `engine_hash`; returns its payload."""
+    from vllm.distributed.kv_events import BlockRemoved, KVEventBatch
+
+    batch = KVEventBatch(ts=time.time(), events=[BlockRemoved(block_hashes=[engine_hash], medium="GPU")])
+    pub.publish(batch)
+    return msgspec.msgpack.Encoder().encode(batch)
+
+
+def test_a_replacement_indexer_resumes_from_the_saved_state(redis_url):
+    """The engine's buffer no longer reaches back to batch 0 (it keeps 3): a new indexer resumes at
+    the batch after the old one's last and replays only the two published while none ran. Blocks the
+    old indexer announced are removed by their engine hashes through the restored map."""
+    with _rig(redis_url, buffer_steps=3) as (loop, pub, client):
+        payloads = _batches(pub, 5)
+        loop._check_redis()
+        loop._sweep()  # notes r1's replay socket, saved with its position
+        for seq in range(3):
+            loop._receive("r1", seq, payloads[seq])
+        # (batches 3 and 4 are published while no indexer runs)
+        new = _successor(loop)
+        assert new.resumed["r1"] == 1 and new.seqs.expected["r1"] == 3
+        removal = _removal(pub, 1000)
+        new._receive("r1", 5, removal)
+        assert new.replayed["r1"] == 2 and new.resyncs["r1"] == 0
+        first, *rest = loop.translator.known("r1", [1000, 1001, 1002])
+        held = {int(h) for h in client.smembers("baton:idx:r:r1")}
+        assert set(rest) <= held and first not in held and len(held) == 4, held
+        # Without the saved state, the same takeover forgets r1: the buffer starts at batch 3.
+        for key in client.keys("baton:idx:tr*") + client.keys("baton:idx:seq"):
+            client.delete(key)
+        blind = _successor(new)
+        blind._receive("r1", 6, _removal(pub, 1001))
+        assert blind.resumed["r1"] == 0 and blind.resyncs["r1"] == 1
+        assert not client.exists("baton:idx:r:r1")
+
+
+def test_a_replacement_forgets_an_engine_that_restarted_meanwhile(rig):
+    """The saved replay socket is not the registered one any more: a new engine process, whose
+    numbering restarted, sits behind the replica id. Its old holdings are forgotten, not resumed."""
+    loop, pub, client = rig
+    payloads = _batches(pub, 2)
+    loop._check_redis()
+    loop._sweep()
+    for seq in range(2):
+        loop._receive("r1", seq, payloads[seq])
+    Registry.beat(client, "decode", "r1", {"events_replay": "tcp://127.0.0.1:1"})
+    new = _successor(loop)
+    assert new.resumed["r1"] == 0 and "r1" not in new.seqs.expected
+    assert not client.exists("baton:idx:r:r1") and not client.hexists("baton:idx:seq", "r1")
 
 
 def _until_answered(call, timeout_s: float = 10.0):

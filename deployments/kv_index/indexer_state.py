@@ -1,0 +1,96 @@
+"""What a KV indexer knows beyond the index, kept in Redis so that its replacement resumes.
+
+The index in Redis is keyed by Baton's block hashes, but engines remove blocks
+by their own hashes, and the indexer applies each engine's batches by sequence
+number. An indexer that started with neither had to replay every engine's
+stream from batch 0; where the engine's replay buffer no longer reached back
+that far, it forgot the replica, and the blocks the engine kept cached without
+announcing them again stayed missing: the index under-predicted (`baton bench
+chaos`, an indexer kill: 28 of 47 predictions exact in the window after it).
+
+So the indexer writes, in the same pipeline as the index updates they go with
+(routing/prefix/redis_state.py `RedisIndex.flush`), the translator's journal
+(routing/prefix/event_translator.py) and, last, each touched replica's next
+batch number and replay socket. Redis runs a pipeline's commands in order, so
+a pipeline cut short leaves the saved numbers at or behind the saved index,
+and replaying batches the index already has changes nothing. A new indexer
+`load`s all of it and replays only its own outage.
+
+Keys (prefix `baton:`):
+- `idx:tr:{replica}` hash: engine hash (msgpack) -> [Baton hash, salt] (msgpack)
+- `idx:trs`          hash: engine hash (msgpack) -> [Baton hash, [replicas that saved it]]
+- `idx:seq`          hash: replica -> {"next": batch number, "replay": replay socket} (JSON)
+
+Their writes cost one command per event and one per drain on top of the
+index's. They live and die with the index: a Redis that lost its data lost
+these too, and the indexer then rebuilds as before.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from routing.prefix.event_translator import Op
+from routing.prefix.redis_state import P
+
+SEQ_KEY = f"{P}idx:seq"
+STORE_KEY = f"{P}idx:trs"
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def map_key(replica: str) -> str:
+    return f"{P}idx:tr:{replica}"
+
+
+def _engine_hash(raw: bytes) -> Any:
+    return _dec.decode(raw)
+
+
+@dataclass
+class Saved:
+    """What `load` found: per replica its next batch number, replay socket and map; the store's holdings."""
+
+    seqs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)
+    store: dict[Any, tuple[int, list[str]]] = field(default_factory=dict)
+
+
+def queue(pipe, ops: list[Op], positions: dict[str, tuple[int, str | None] | None]) -> None:
+    """Adds to `pipe` the writes of translator journal `ops`, then each replica's position in
+    `positions` (None: the replica is forgotten, its entry deleted). Changes nothing itself."""
+    for op in ops:
+        kind = op[0]
+        if kind == "set" and op[2]:
+            pipe.hset(map_key(op[1]), mapping={_enc.encode(h): _enc.encode(v) for h, v in op[2].items()})
+        elif kind == "del" and op[2]:
+            pipe.hdel(map_key(op[1]), *[_enc.encode(h) for h in op[2]])
+        elif kind == "clear":
+            pipe.delete(map_key(op[1]))
+        elif kind == "store_set" and op[1]:
+            pipe.hset(STORE_KEY, mapping={_enc.encode(h): _enc.encode(v) for h, v in op[1].items()})
+        elif kind == "store_del" and op[1]:
+            pipe.hdel(STORE_KEY, *[_enc.encode(h) for h in op[1]])
+    gone = [r for r, pos in positions.items() if pos is None]
+    if gone:
+        pipe.hdel(SEQ_KEY, *gone)
+    kept = {r: json.dumps({"next": pos[0], "replay": pos[1]}) for r, pos in positions.items() if pos is not None}
+    if kept:
+        pipe.hset(SEQ_KEY, mapping=kept)
+
+
+def load(client) -> Saved:
+    """Everything saved (sync client); reads only."""
+    out = Saved()
+    for name, raw in client.hgetall(SEQ_KEY).items():
+        replica = name.decode() if isinstance(name, bytes) else name
+        entry = json.loads(raw)
+        out.seqs[replica] = (int(entry["next"]), entry.get("replay"))
+        out.maps[replica] = {_engine_hash(h): tuple(_dec.decode(v))
+                             for h, v in client.hgetall(map_key(replica)).items()}
+    out.store = {_engine_hash(h): tuple(_dec.decode(v)) for h, v in client.hgetall(STORE_KEY).items()}
+    return out
