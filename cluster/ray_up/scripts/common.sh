@@ -54,7 +54,9 @@ write_worker_json() {
     log "workers' Mooncake config: $2"
 }
 
-# Stops the process recorded in $BATON_NODE_DIR/NAME.pid, if it is still ours.
+# Stops the supervisor recorded in $BATON_NODE_DIR/NAME.pid (start_daemon) and
+# the process it runs, if they are still ours: TERM first, then KILL of the
+# whole process group (setsid made the supervisor its leader).
 stop_daemon() {
     local pidfile="$BATON_NODE_DIR/$1.pid" pid
     [ -f "$pidfile" ] || return 0
@@ -63,19 +65,48 @@ stop_daemon() {
         log "stopping $1 (pid $pid)"
         kill "$pid" 2>/dev/null || true
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-        kill -9 "$pid" 2>/dev/null || true
+        kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
     fi
     rm -f "$pidfile"
 }
 
-# start_daemon NAME ARGV...: (re)starts ARGV in the background, detached from
-# the SSH session, with its log in $BATON_NODE_DIR/logs/NAME.log.
+# supervise NAME ARGV...: runs ARGV, and again whenever it exits, at most
+# once per BATON_RESTART_BACKOFF_S (5) seconds, as `baton up` revives its
+# children (cluster/launcher.py): a killed Redis comes back with its
+# append-only file, a Mooncake master or store comes back empty and the
+# engines recompute meanwhile. A first run that exits by itself (not by a
+# signal) within the backoff is a broken command, not a crash: the
+# supervisor exits with its status. TERM stops both.
+supervise() {
+    local name=$1 child="" rc started runs=0 backoff=${BATON_RESTART_BACKOFF_S:-5}
+    shift
+    trap '[ -n "$child" ] && kill "$child" 2>/dev/null; [ -n "$child" ] && wait "$child"; exit 0' TERM INT
+    while true; do
+        started=$SECONDS
+        runs=$((runs + 1))
+        "$@" &
+        child=$!
+        rc=0
+        wait "$child" || rc=$?
+        if [ "$runs" -eq 1 ] && [ "$rc" -lt 128 ] && [ $((SECONDS - started)) -lt "$backoff" ]; then
+            log "$name exited ($rc) right after its start; not restarting it"
+            exit "$rc"
+        fi
+        log "$name exited ($rc); restarting it (restart $runs)"
+        sleep $((started + backoff > SECONDS ? started + backoff - SECONDS : 0))
+    done
+}
+
+# start_daemon NAME ARGV...: (re)starts ARGV in the background under
+# `supervise`, detached from the SSH session, with its log in
+# $BATON_NODE_DIR/logs/NAME.log and the supervisor's PID in NAME.pid.
 start_daemon() {
     local name=$1; shift
     mkdir -p "$BATON_NODE_DIR/logs"
     stop_daemon "$name"
     log "starting $name: $*"
-    nohup setsid "$@" >"$BATON_NODE_DIR/logs/$name.log" 2>&1 </dev/null &
+    nohup setsid bash -c '. "$0"; supervise "$@"' "${BASH_SOURCE[0]}" "$name" "$@" \
+        >"$BATON_NODE_DIR/logs/$name.log" 2>&1 </dev/null &
     echo $! >"$BATON_NODE_DIR/$name.pid"
 }
 
