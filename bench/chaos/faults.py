@@ -11,9 +11,10 @@ a crash would:
   started; its supervision starts another, back when state.json names a new
   PID that accepts connections.
 
-`<name>:freeze` (a replica or a process above) stops it with SIGSTOP instead, and
-SIGCONTs it `freeze_s` later, as a stalled machine or a long GC pause would: nothing
-restarts it, and it is back once it answers again (a replica: its heartbeat is fresh).
+`<name>:freeze` (a replica, the indexer or a process above) stops it with SIGSTOP
+instead, and SIGCONTs it `freeze_s` later, as a stalled machine or a long GC pause
+would: nothing restarts it, and it is back once it answers again (a replica: its
+heartbeat is fresh; the indexer: Serve still lists an indexer).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from routing.prefix.redis_state import registry_key
 POOL_FAULTS = ("decode", "prefill")
 CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store")
 FAULTS = (*POOL_FAULTS, "indexer", *CHILD_FAULTS)
-FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, *CHILD_FAULTS))
+FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, "indexer", *CHILD_FAULTS))
 
 _INDEXER = """
 import sys, ray
@@ -123,6 +124,12 @@ class Fault:
             victim = _live(s, c)[0]
             root = s.replica_processes(c, victim)[0]
             self.before = victim
+        elif c == "indexer":  # its process binds the events port
+            port = int(s.cfg["routing"]["events_port"])
+            victim = "kv_indexer"
+            root = psutil.Process(next(c.pid for c in psutil.net_connections("tcp") if c.pid
+                                       and c.status == psutil.CONN_LISTEN and c.laddr.port == port))
+            self.before = _indexers(s)
         else:
             victim = _child_name(s, c)
             root = psutil.Process(_children(s)[victim])
@@ -151,6 +158,8 @@ class Fault:
                     return False
                 if c in POOL_FAULTS:
                     return self.before in _live(s, c)
+                if c == "indexer":
+                    return bool(_indexers(s))
                 return c != "redis" or _accepts(s.cfg["redis"]["url"])
             if c in POOL_FAULTS:
                 live = _live(s, c)
