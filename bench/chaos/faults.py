@@ -126,10 +126,9 @@ class Fault:
             self.before = victim
         elif c == "indexer":  # its process binds the events port
             port = int(s.cfg["routing"]["events_port"])
-            victim = "kv_indexer"
+            victim = self.before = "kv_indexer"
             root = psutil.Process(next(c.pid for c in psutil.net_connections("tcp") if c.pid
                                        and c.status == psutil.CONN_LISTEN and c.laddr.port == port))
-            self.before = _indexers(s)
         else:
             victim = _child_name(s, c)
             root = psutil.Process(_children(s)[victim])

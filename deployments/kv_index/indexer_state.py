@@ -47,10 +47,6 @@ def map_key(replica: str) -> str:
     return f"{P}idx:tr:{replica}"
 
 
-def _engine_hash(raw: bytes) -> Any:
-    return _dec.decode(raw)
-
-
 @dataclass
 class Saved:
     """What `load` found: per replica its next batch number, replay socket and map; the store's holdings."""
@@ -90,7 +86,7 @@ def load(client) -> Saved:
         replica = name.decode() if isinstance(name, bytes) else name
         entry = json.loads(raw)
         out.seqs[replica] = (int(entry["next"]), entry.get("replay"))
-        out.maps[replica] = {_engine_hash(h): tuple(_dec.decode(v))
+        out.maps[replica] = {_dec.decode(h): tuple(_dec.decode(v))
                              for h, v in client.hgetall(map_key(replica)).items()}
-    out.store = {_engine_hash(h): tuple(_dec.decode(v)) for h, v in client.hgetall(STORE_KEY).items()}
+    out.store = {_dec.decode(h): tuple(_dec.decode(v)) for h, v in client.hgetall(STORE_KEY).items()}
     return out

@@ -96,7 +96,8 @@ class EventLoop:
 
     def _save(self, pipe) -> None:
         """Queues the translator's journal and the moved replicas' positions after a flush's updates."""
-        ops, self.translator.journal[:] = list(self.translator.journal), []
+        ops = self.translator.journal[:]
+        self.translator.journal.clear()
         positions = {r: (self.seqs.expected[r], self.endpoints.get(r)) if r in self.seqs.expected else None
                      for r in self.moved}
         self.moved.clear()
@@ -111,9 +112,7 @@ class EventLoop:
             if not self.redis.exists(INDEX_EPOCH_KEY):
                 return  # a first start, or a Redis that lost its data
             saved = indexer_state.load(self.redis)
-            live = {}
-            for pool in ("prefill", "decode"):
-                live.update(Registry.entries(self.redis.hgetall(registry_key(pool))))
+            live = self._registered()
             self.translator.restore_store(saved.store)
             with self._batch():
                 for replica, (nxt, endpoint) in saved.seqs.items():
@@ -122,7 +121,8 @@ class EventLoop:
                     if replica in live and endpoint in (None, now_at):
                         self.seqs.applied(replica, nxt - 1)
                         self.known.add(replica)
-                        self.endpoints.update({replica: now_at} if now_at else {})
+                        if now_at:
+                            self.endpoints[replica] = now_at
                         self.resumed[replica] += 1
                     else:
                         self._forget(replica)
@@ -184,11 +184,17 @@ class EventLoop:
         """Where `replica`'s engine answers replays: from its registry entry, remembered
         (a Redis that lost its data has no entries until the next heartbeats)."""
         if replica not in self.endpoints:
-            for pool in ("prefill", "decode"):
-                info = Registry.entries(self.redis.hgetall(registry_key(pool))).get(replica)
-                if info and info.get("events_replay"):
-                    self.endpoints[replica] = info["events_replay"]
+            info = self._registered().get(replica)
+            if info and info.get("events_replay"):
+                self.endpoints[replica] = info["events_replay"]
         return self.endpoints.get(replica)
+
+    def _registered(self) -> dict[str, dict]:
+        """Every registry entry of both pools, by replica; reads Redis only."""
+        out: dict[str, dict] = {}
+        for pool in ("prefill", "decode"):
+            out.update(Registry.entries(self.redis.hgetall(registry_key(pool))))
+        return out
 
     def _receive(self, replica: str, seq: int, payload: bytes) -> None:
         """Applies batch `seq` of `replica`, first filling any gap before it (in one flush)."""

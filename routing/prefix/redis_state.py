@@ -10,6 +10,8 @@ Keys (prefix `baton:`):
   (`inflight_work:{pool}` the same for queued prefill blocks); `...:sum` hashes
   replica -> the live fronts' total (deployments/front/shared_view.py)
 - `idx:feed` a channel: the index's updates, as the indexer writes them (deployments/kv_index/index_feed.py)
+- `idx:tr:*`, `idx:trs`, `idx:seq` the indexer's own state, so that its replacement resumes
+  (deployments/kv_index/indexer_state.py)
 - `sessions:{pool}:{replica}` sorted set session -> when it was last routed there
 - `placements:{pool}` counter: one ticket per session placed (fronts take turns by it)
 
@@ -87,9 +89,6 @@ class RedisIndex(KVIndex):
         the same round trip."""
         pipe, self._batch = self._batch, None
         if pipe is None:
-            if then is None and publish:
-                self.r.publish(*publish)
-                return
             pipe = self.r.pipeline(transaction=False)
         if then is not None:
             then(pipe)
