@@ -85,3 +85,13 @@ def test_a_model_bigger_than_the_catalogue_room_is_named(tmp_path):
                            "models: [{id: a, path: /x, memory_gb: 0.75}]")
     with pytest.raises(ConfigError, match=r"models\.0: a needs 0\.75 GiB, more than catalogue\.memory_gb"):
         engine_args.validate(load_config(path, environ={}), str(path))
+
+
+def test_engine_arg_names_read_from_vllms_source_are_its_dataclass_fields():
+    """`baton up` checks engine_args names without importing vLLM (10-20 CPU-s); a vLLM upgrade
+    that declares its arguments another way fails here."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    assert engine_args.engine_arg_names() == {f.name for f in dataclasses.fields(AsyncEngineArgs)}
