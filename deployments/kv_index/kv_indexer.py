@@ -29,7 +29,8 @@ from ray import serve
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
-from deployments.kv_index import indexer_state
+from deployments.kv_index import indexer_state, kv_events
+from deployments.kv_index.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from deployments.kv_index.event_replay import replay
 from deployments.kv_index.index_feed import FeedWriter
 from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
@@ -46,9 +47,7 @@ class EventLoop:
     """Subscriber thread: one bound SUB socket, registry sweeps, event application."""
 
     def __init__(self, cfg: BatonConfig):
-        import msgspec
         import zmq
-        from vllm.distributed.kv_events import KVEventBatch
 
         r = cfg.routing
         self.cfg = cfg
@@ -58,7 +57,7 @@ class EventLoop:
         self.timeout_s = r.replica_timeout_s
         self.block_size = cfg.model.block_size
         self.translator = EventTranslator(self.block_size, journal=[])
-        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self.decoder = kv_events.decoder()
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
@@ -228,8 +227,6 @@ class EventLoop:
         self.replayed[replica] += len(batches)
 
     def _apply(self, replica: str, payload: bytes) -> None:
-        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
         self.known.add(replica)
         for ev in self.decoder.decode(payload).events:
             if isinstance(ev, BlockStored):
