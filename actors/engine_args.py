@@ -112,7 +112,8 @@ def engine_arg_names() -> set[str]:
     Importing vLLM costs 10-20 CPU-seconds here, which every `baton up` paid before it started
     anything. Falls back to the import where the source does not declare the two dataclasses."""
     spec = importlib.util.find_spec("vllm")  # a top-level package: found, not imported
-    source = Path(spec.submodule_search_locations[0]) / "engine" / "arg_utils.py" if spec else None
+    roots = (spec.submodule_search_locations or []) if spec else []
+    source = Path(roots[0]) / "engine" / "arg_utils.py" if roots else None
     names: set[str] = set()
     classes = set()
     if source is not None and source.exists():
