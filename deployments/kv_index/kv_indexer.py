@@ -29,8 +29,8 @@ from ray import serve
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
-from deployments.kv_index import indexer_state, kv_events
-from deployments.kv_index.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from deployments.kv_index import indexer_state
+from deployments.kv_index.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decoder
 from deployments.kv_index.event_replay import replay
 from deployments.kv_index.index_feed import FeedWriter
 from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
@@ -57,7 +57,7 @@ class EventLoop:
         self.timeout_s = r.replica_timeout_s
         self.block_size = cfg.model.block_size
         self.translator = EventTranslator(self.block_size, journal=[])
-        self.decoder = kv_events.decoder()
+        self.decoder = decoder()
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
