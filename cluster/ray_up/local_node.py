@@ -16,8 +16,14 @@ detached by head_start.sh, which writes `$BATON_NODE_DIR/redis.pid`).
   Ray's own list of Ray process names (`RAY_PROCESSES`, which `ray stop`
   matches against every process on the machine), in `ray stop`'s order
   (raylet first, GCS last), among the nodes' processes only.
-- `stop(node_dirs, ray_only=False)` is what terminating a node means: all its
-  processes, Ray's first.
+- `stop(node_dirs, ray_only=False)`: the same, then all the nodes' other
+  processes.
+- `power_off(node_dirs)` is what terminating a node means, as a cloud VM's
+  shutdown does it: SIGTERM to every process of the nodes at once, SIGKILL to
+  what is left after a short grace. Not `ray stop`'s buckets one after
+  another: once the head's GCS is gone (`ray down` stops it first), a worker
+  node's raylet and agents wait out their whole grace on SIGTERM, so each
+  bucket would cost its full share.
 - `python -m cluster.ray_up.local_node stop [-f] [-g S]` is what `ray stop`
   runs on a local node: scripts/local_bin/ray, first on the nodes' PATH,
   sends `ray stop` here and everything else to the real `ray`.
@@ -146,6 +152,18 @@ def stop(node_dirs: Iterable[str], ray_only: bool = True, force: bool = False,
         _terminate(rest, force, grace_s / 2)
         stopped += len(rest)
     return stopped
+
+
+def power_off(node_dirs: Iterable[str], grace_s: float = 5) -> int:
+    """Stops every process of the nodes at once (SIGTERM, SIGKILL after `grace_s`), and any
+    that was started meanwhile. Returns the number of processes stopped."""
+    node_dirs = list(node_dirs)
+    procs = node_processes(node_dirs)  # one snapshot while the raylets live (see `stop`)
+    _terminate(procs, False, grace_s)
+    seen = {p.pid for p in procs}
+    late = [p for p in node_processes(node_dirs) if p.pid not in seen]
+    _terminate(late, True, 0)
+    return len(procs) + len(late)
 
 
 def main(argv: list[str] | None = None) -> int:

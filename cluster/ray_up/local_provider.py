@@ -138,8 +138,9 @@ class LocalProcessProvider(NodeProvider):
         self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> None:
-        """Stops the nodes' processes (all at once), then marks them terminated."""
-        local_node.stop([str(self.node_dir(i)) for i in node_ids], ray_only=False)
+        """Powers the nodes off (their processes, all at once; `local_node.power_off`), then marks
+        them terminated."""
+        local_node.power_off([str(self.node_dir(i)) for i in node_ids])
         with self._state(write=True) as s:
             for i in node_ids:
                 if i in s["nodes"]:

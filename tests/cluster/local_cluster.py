@@ -194,7 +194,7 @@ class LocalCluster:
                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
             left.update(self.processes())
             if left:  # never leak processes into the next tests
-                local_node.stop(self.node_dirs(), ray_only=False, grace_s=5)
+                local_node.power_off(self.node_dirs())
             canary_alive = self.canary is not None and self.canary.poll() is None
             if self.canary is not None:
                 self.canary.kill()
