@@ -7,12 +7,19 @@ nothing on CPU, so waking a cold model means starting an engine.
 
 `use_standby()` makes every later engine start of this process fork its
 engine core from a forkserver that preloaded `actors.standby_preload` (vLLM's
-engine core, CPU worker and model modules); that module also makes the engine
-core fork its worker instead of spawning it. Both forks then start with
-everything imported, and what is left of an engine start is loading the
-weights and allocating the KV cache. They start niced, below the serving
-engines, and `serving_priority` lifts them once they serve. The forkserver is started at once, so
-its own imports happen while the replica starts, not at the first wake.
+engine core, CPU worker and model modules). The forkserver is started at once,
+before this process imports vLLM itself, so its imports run beside this
+process's own, on another core, not after them. Two uses:
+- cold models of a catalogue (`cold=True`): the standby also makes the engine
+  core fork its worker instead of spawning it, so both forks start with
+  everything imported and what is left of a wake is loading the weights and
+  allocating the KV cache. They start niced, below the serving engines, and
+  `serving_priority` lifts them once they serve.
+- a replica's own CPU engine (`cold=False`, deployments/replica.py): the engine
+  core keeps the replica's priority, and its worker is forked or spawned as
+  Baton's vLLM plugin says (actors/vllm_plugin.py FORK_ENV). What it saves is
+  the wall time of one vLLM import where a core is free (a replica started
+  alone, or replacing one that died).
 
 Forking is safe here because the forkserver runs no OpenMP region before it
 forks: the hazard that makes vLLM spawn CPU workers (libgomp is not
@@ -26,22 +33,28 @@ import multiprocessing
 import os
 
 PRELOAD = ["actors.standby_preload"]
+MODE_ENV = "BATON_STANDBY"  # "cold" or "primary": what the standby's forks are (actors/standby_preload.py)
 _context = None
 
 
-def use_standby():
+def use_standby(cold: bool = True):
     """Routes this process's vLLM engine-core starts through the standby forkserver, starting it now.
 
-    Changes process-wide state: vLLM's engine launcher's multiprocessing context. Idempotent;
-    returns the context."""
+    `cold`: the engines are cold models' (niced, their worker forked); else a replica's own engine.
+    The first call decides for the process. Changes process-wide state: this process's environment
+    (MODE_ENV, which the standby inherits) and vLLM's engine launcher's multiprocessing context.
+    Idempotent; returns the context."""
     global _context
     if _context is None:
-        import vllm.v1.engine.utils as launcher
         from multiprocessing import forkserver
 
+        os.environ[MODE_ENV] = "cold" if cold else "primary"
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        forkserver.ensure_running()
+        forkserver.ensure_running()  # the standby imports from now on, beside this process
+
+        import vllm.v1.engine.utils as launcher
+
         launcher.get_mp_context = lambda: ctx
         _context = ctx
     return _context

@@ -101,6 +101,10 @@ class EngineReplica:
 
             self.engine = ModelHost(self.cfg, self.replica, _internal_host(self.cfg.serve.internal_host))
         else:
+            if not getattr(self.cfg, self.pool).resources.num_gpus:
+                from actors.fast_start import use_standby
+
+                use_standby(cold=False)  # the engine core's vLLM imports start now, beside this process's
             self.engine = EngineApp(self.cfg, self.role, self.replica, _internal_host(self.cfg.serve.internal_host))
         await self.engine.start()
         # The front, Ray's threads and the EngineCore off the cores vLLM bound its worker to (not
