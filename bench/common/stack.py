@@ -94,10 +94,19 @@ class StackProcess:
 
     def start(self) -> None:
         """Starts `baton up`; returns once it printed its ready line."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Starts `baton up` and returns at once (`wait_ready` waits for it)."""
         out = open(self.log, "w")
         self.proc = subprocess.Popen([*self.prefix, str(BATON), "--config", str(self.config), "up"],
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self) -> None:
+        """Returns once the launched `baton up` printed its ready line; stops it and raises if it
+        exits first or is not ready in READY_TIMEOUT_S."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

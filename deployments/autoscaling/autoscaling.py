@@ -260,7 +260,11 @@ def forecast_autoscaling(base: dict, kind: str, forecast, curves) -> dict:
     target as cluster/deploy.pool_autoscaling builds them) with Serve's delays at 0 and the
     policy swapped. `forecast`: a common.config.autoscale.ForecastAutoscaling; `curves`: a
     capacity.CapacityFile. Changes nothing."""
-    out = {**base, "upscale_delay_s": 0.0, "downscale_delay_s": 0.0}
+    # Serve records a replica's `record_autoscaling_stats` every 0.2 x look_back_period_s (6 s by
+    # default) and pushes every metrics_interval_s: at most one forecast bin each, so that every bin
+    # gets a fresh arrivals count (with a 0.5 s bin, the first rate came 25 s after the load).
+    out = {**base, "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
+           "metrics_interval_s": min(10.0, forecast.step_s), "look_back_period_s": min(30.0, 5 * forecast.step_s)}
     out["policy"] = {"policy_function": FORECAST_POLICY, "policy_kwargs": _spec(kind, base, forecast, curves)}
     return out
 

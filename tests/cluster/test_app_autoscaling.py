@@ -22,8 +22,10 @@ from common.config import load_config
 from common.constants import APP_NAME, RAY_NAMESPACE
 
 PUSH_ENV = "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"
-# The default forecaster (statsmodels' fits, inside Serve's controller), on bins short enough to be
-# fit within the test: 24 bins of 0.5 s.
+# The default forecaster inside Serve's controller, on 0.5 s bins: Serve records and pushes the
+# replicas' arrival counts once a bin (deployments/autoscaling/autoscaling.py forecast_autoscaling),
+# so the first rates arrive within a second or two, before any fit (24 bins); until then the policy
+# plans on the recent mean (tests/unit/test_forecast.py covers the fits).
 FORECAST = "{step_s: 0.5, window: 40, refit_s: 5.0, engine_start_s: 5.0, downscale_delay_s: 600}"
 CONFIG = f"""\
 colocated: false
