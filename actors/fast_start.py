@@ -29,12 +29,31 @@ imported modules.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+from multiprocessing.context import ForkServerContext, ForkServerProcess
 
 PRELOAD = ["actors.standby_preload"]
 MODE_ENV = "BATON_STANDBY"  # "cold" or "primary": what the standby's forks are (actors/standby_preload.py)
 _context = None
+
+
+class _EnvProcess(ForkServerProcess):
+    """A process forked from the standby that runs in its parent's environment as it was at
+    `start()`, as a spawned one would: vLLM sets variables for its engine core just before starting
+    it (the CPU platform's thread and allocator settings, LD_PRELOAD for the processes it execs)."""
+
+    def start(self) -> None:
+        self._environ = dict(os.environ)
+        super().start()
+
+    def run(self) -> None:
+        os.environ.clear()
+        os.environ.update(self._environ)
+        super().run()
+
+
+class _StandbyContext(ForkServerContext):
+    Process = _EnvProcess
 
 
 def use_standby(cold: bool = True):
@@ -49,7 +68,7 @@ def use_standby(cold: bool = True):
         from multiprocessing import forkserver
 
         os.environ[MODE_ENV] = "cold" if cold else "primary"
-        ctx = multiprocessing.get_context("forkserver")
+        ctx = _StandbyContext()
         ctx.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()  # the standby imports from now on, beside this process
 

@@ -105,8 +105,16 @@ class StackProcess:
                                      cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_ready(self) -> None:
-        """Returns once the launched `baton up` printed its ready line; stops it and raises if it
-        exits first or is not ready in READY_TIMEOUT_S."""
+        """Returns once the launched `baton up` printed its ready line. Stops it and raises if it
+        exits first, is not ready in READY_TIMEOUT_S, or the wait is interrupted (Ctrl-C, or the
+        SIGTERM a bench turns into one): a start given up on leaves nothing running."""
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -116,7 +124,6 @@ class StackProcess:
                 self.children = json.loads(state.read_text())["children"]
                 return
             time.sleep(1)
-        self.stop()
         raise TimeoutError(f"baton up not ready in {READY_TIMEOUT_S}s:\n{self.tail()}")
 
     def stop(self, timeout: float = 120) -> int | None:
