@@ -33,7 +33,8 @@ Policies Serve calls (`autoscaling_config.policy.policy_function`):
   arrival forecast (scale_policy.AppPolicy).
 
 Both forecast policies do their own delays and cool-down; deploy them with
-Serve's `upscale_delay_s` and `downscale_delay_s` at 0 (`forecast_autoscaling`).
+Serve's `upscale_delay_s` and `downscale_delay_s` at 0, and with Serve recording
+and pushing the replicas' stats once per forecast bin (`forecast_autoscaling`).
 This module is pickled by value into the Serve controller; what it imports is
 imported there (Baton is installed on every node).
 """
