@@ -47,8 +47,11 @@ class _EnvProcess(ForkServerProcess):
         super().start()
 
     def run(self) -> None:
-        os.environ.clear()
-        os.environ.update(self._environ)
+        # Only what differs: unsetting every variable first leaves the C environment where
+        # setproctitle cannot retitle the process ("VLLM::EngineCore").
+        for key in set(os.environ) - set(self._environ):
+            del os.environ[key]
+        os.environ.update({k: v for k, v in self._environ.items() if os.environ.get(k) != v})
         super().run()
 
 

@@ -1,6 +1,7 @@
 """The standby forkserver's processes run in their parent's environment as it is when each starts
 (actors/fast_start.py), not as it was when the forkserver started: vLLM sets variables for its engine
-core just before starting it."""
+core just before starting it. And they can still retitle themselves, as vLLM's engine core does
+(tests and benches find it as "VLLM::EngineCore")."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ if __name__ == "__main__":
 
 
 def report(q) -> None:
-    q.put(f"{os.environ.get('BATON_TEST_LATE')} {os.environ.get('BATON_TEST_GONE')} {os.getppid() != os.getpid()}")
+    import setproctitle
+
+    setproctitle.setproctitle("BATON::Retitled")
+    with open("/proc/self/cmdline", "rb") as f:
+        titled = b"BATON::Retitled" in f.read()
+    q.put(f"{os.environ.get('BATON_TEST_LATE')} {os.environ.get('BATON_TEST_GONE')} {titled}")
 
 
 def test_a_forked_engine_core_sees_the_environment_at_its_start():
