@@ -204,6 +204,18 @@ def _until_answered(call, timeout_s: float = 10.0):
             time.sleep(0.1)
 
 
+def _aof_written(client, timeout_s: float = 10) -> None:
+    """Until Redis has written its append-only buffer to the file (with everysec it may hold the
+    write back for up to 2 s while a slow background fsync runs, as on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.info("persistence")
+        if info.get("aof_buffer_length", 0) == 0 and info.get("aof_pending_bio_fsync", 0) == 0:
+            return
+        assert time.monotonic() < deadline, info
+        time.sleep(0.05)
+
+
 def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
     """Redis keeps its data through a kill (redis.appendfsync) but misses what was applied while it
     was down: the drain that failed marks its replica, and once Redis answers the replica is
@@ -219,6 +231,7 @@ def test_batches_a_persistent_redis_missed_while_down_are_rebuilt(tmp_path):
         loop._sweep()  # notes r1's replay socket
         feed = loop.ctx.socket(zmq.PUB)  # the live stream, as an engine sends it
         feed.connect(f"tcp://127.0.0.1:{loop.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(':', 1)[1]}")
+        _aof_written(client)  # what everysec promises a killed process keeps: what reached its file
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(10)
         for _ in range(50):  # sent until the subscription has reached the publisher (repeats are stale)
