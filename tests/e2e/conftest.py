@@ -8,9 +8,7 @@ file order kept within each group:
 3. the colocated stack (`colocated_stack`);
 4. tests with stacks of their own (catalogue, sites, the scale bench, ...).
 Each shared stack starts with the first test that needs it and stops after the
-last (`pytest_runtest_teardown`), so a stack never starts beside another. The
-reference answers of `vllm serve` (`vllm_answers`, one plain engine) are taken
-while the first stack starts, on the core its start leaves free.
+last (`pytest_runtest_teardown`), so a stack never starts beside another.
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ def _start_shared(workdir: Path) -> StackProcess:
         serve={"api_keys": _KEYS, "engine_metrics": True},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
-    s.launch()
+    s.start()
     return s
 
 
@@ -84,7 +82,7 @@ def _start_colocated(workdir: Path) -> StackProcess:
         workdir, colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
         serve={"api_keys": _KEYS, "require_api_key": True},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16}))
-    s.launch()
+    s.start()
     return s
 
 
@@ -92,34 +90,28 @@ def _stop_colocated(s: StackProcess) -> None:
     assert s.stop() == 0, s.tail()
 
 
-# name -> (whether a test needs it, launch(workdir), stop(stack))
+# name -> (whether a test needs it, start(workdir), stop(stack))
 _KINDS = {"shared": (_needs_shared, _start_shared, _stop_shared),
           "colocated": (_needs_colocated, _start_colocated, _stop_colocated)}
 _RUNNING: dict[str, StackProcess] = {}
 
 
-def _get(kind: str, request) -> StackProcess:
-    """The running stack of `kind`, started first if need be. While a stack starts (mostly one
-    core's work per engine, its imports), `vllm serve`'s answers are taken beside it if some test
-    of the session wants them and they are not yet taken."""
+def _get(kind: str, tmp_path_factory) -> StackProcess:
     if kind not in _RUNNING:
-        s = _RUNNING[kind] = _KINDS[kind][1](request.getfixturevalue("tmp_path_factory").mktemp(kind))
-        if any("vllm_answers" in i.fixturenames for i in request.session.items):
-            request.getfixturevalue("vllm_answers")
-        s.wait_ready()
+        _RUNNING[kind] = _KINDS[kind][1](tmp_path_factory.mktemp(kind))
     return _RUNNING[kind]
 
 
 @pytest.fixture(scope="session")
-def stack(request):
+def stack(tmp_path_factory):
     """The shared disaggregated stack: 1 prefill and 2 decode replicas, two tenants' keys."""
-    return _get("shared", request)
+    return _get("shared", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def colocated_stack(request):
+def colocated_stack(tmp_path_factory):
     """Baton colocated with two routed replicas (routing.colocated_router), keys required."""
-    return _get("colocated", request)
+    return _get("colocated", tmp_path_factory)
 
 
 @pytest.fixture
