@@ -34,7 +34,7 @@ from common import core_fence, cpu_slice, tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
 from deployments.autoscaling.autoscaling import SignalMeter
-from deployments.serving import listen_socket, serve_asgi
+from deployments.serving import drain, listen_socket, serve_asgi
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,12 @@ def _internal_host(configured: str) -> str:
     import ray
 
     return ray.util.get_node_ip_address()
+
+
+# How long a stopping replica lets its HTTP requests finish before it stops its engine. Serve kills
+# the replica `graceful_shutdown_timeout_s` (deployments/app.py: 5 s) after it began to stop, and
+# the engine's own shutdown takes about a second of that.
+DRAIN_S = 3.0
 
 
 class EngineReplica:
@@ -258,16 +264,17 @@ class EngineReplica:
 
     def __del__(self):  # also runs when the constructor failed half-way
         if getattr(self, "heartbeat", None) is not None:
-            self.heartbeat.stop()
+            self.heartbeat.stop()  # out of the registry: routers send it nothing new
         if getattr(self, "_load_task", None) is not None:
             self.loop.call_soon_threadsafe(self._load_task.cancel)
+        if not drain(getattr(self, "servers", ()), getattr(self, "tasks", ()), DRAIN_S):
+            logger.warning("replica %s: %d HTTP requests still running after %.0f s; stopping the engine",
+                           getattr(self, "replica", "?"), getattr(self, "in_flight", 0), DRAIN_S)
         if getattr(self, "leases", None) is not None and self.loop.is_running():
             try:  # give the permits back now rather than after the lease TTL
                 asyncio.run_coroutine_threadsafe(self.leases.stop(), self.loop).result(1)
             except Exception:  # noqa: BLE001 - shutting down anyway
                 pass
-        for server in getattr(self, "servers", ()):
-            server.should_exit = True
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()

@@ -2,7 +2,8 @@
 
 `listen_socket` and `serve_asgi` put an app on a port (a replica's front and
 internal app, deployments/replica.py; a catalogue model's vLLM app inside its
-actor, deployments/catalogue/model_actor.py); `engine_pids` lists an engine's processes
+actor, deployments/catalogue/model_actor.py), and `drain` takes it off again once
+the requests it runs are answered; `engine_pids` lists an engine's processes
 (the ModelHost ranks and reports them, deployments/catalogue/model_host.py).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 
 def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -33,6 +35,21 @@ def serve_asgi(app, sock: socket.socket):
                             log_level="warning", timeout_keep_alive=30)
     server = uvicorn.Server(config)
     return server, asyncio.ensure_future(server.serve(sockets=[sock]))
+
+
+def drain(servers, tasks, timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Stops `serve_asgi`'s `servers` (uvicorn closes their listeners, ends idle keep-alive
+    connections and lets each request it runs finish) and blocks this thread, which must not be
+    the servers' loop's, until their serve `tasks` are done, at most `timeout_s`; whether they all
+    are. Requests still running then are the caller's to end."""
+    for server in servers:
+        server.should_exit = True
+    deadline = time.monotonic() + timeout_s
+    while not all(t.done() for t in tasks):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def engine_pids(engine) -> list[int]:
