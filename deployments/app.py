@@ -77,9 +77,9 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
         health_check_timeout_s=30,
         # No Serve request reaches a replica (its traffic is HTTP on its own ports), so Serve's drain,
         # which waits this long for requests on their way before it counts ongoing ones, waits for
-        # nothing; the replica drains its HTTP requests itself (deployments/replica.py DRAIN_S).
+        # nothing; the replica drains its HTTP requests itself (deployments/replica.py DRAIN_S, 10 s).
         graceful_shutdown_wait_loop_s=0.1,
-        graceful_shutdown_timeout_s=5,
+        graceful_shutdown_timeout_s=15,
     ).bind(cfg.model_dump(), role, *bound)
 
 

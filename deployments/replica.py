@@ -56,10 +56,11 @@ def _internal_host(configured: str) -> str:
     return ray.util.get_node_ip_address()
 
 
-# How long a stopping replica lets its HTTP requests finish before it stops its engine. Serve kills
-# the replica `graceful_shutdown_timeout_s` (deployments/app.py: 5 s) after it began to stop, and
-# the engine's own shutdown takes about a second of that.
-DRAIN_S = 3.0
+# How long a stopping replica (a scale-down, a redeploy, `baton down`) lets the HTTP requests it
+# runs finish before it stops its engine; an idle one stops at once. Serve kills the replica
+# `graceful_shutdown_timeout_s` (deployments/app.py) after it began to stop, which leaves the
+# engine's own shutdown a few seconds more.
+DRAIN_S = 10.0
 
 
 class EngineReplica:

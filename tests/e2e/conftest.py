@@ -87,7 +87,41 @@ def _start_colocated(workdir: Path) -> StackProcess:
 
 
 def _stop_colocated(s: StackProcess) -> None:
-    assert s.stop() == 0, s.tail()
+    """A stream that runs when the stack stops is answered to its end: a stopping replica lets its
+    HTTP requests finish before it stops its engine (deployments/replica.py DRAIN_S; before, Serve's
+    fixed 2 s wait was all they got, and this stream ended with finish_reason "abort")."""
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    def chat(max_tokens: int, stream: bool = False):
+        body = {"model": "baton-tiny", "messages": [{"role": "user", "content": "count"}], "stream": stream,
+                "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+        return httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=60,
+                            headers={"authorization": f"Bearer {KEY_A}"})
+
+    def finish_reason(max_tokens: int) -> str | None:
+        reason = None
+        with chat(max_tokens, stream=True) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    reason = (chunk.get("choices") or [{}])[0].get("finish_reason") or reason
+        return reason
+
+    took = {}
+    for n in (32, 96):
+        started = time.monotonic()
+        with chat(n) as r:
+            r.read()
+        took[n] = time.monotonic() - started
+    # About 4 s of decoding (the difference leaves the fixed costs out): longer than the 2 s Serve
+    # waited before, shorter than DRAIN_S; within max_model_len.
+    tokens = min(1800, max(64, int(4 * 64 / max(took[96] - took[32], 0.01))))
+    with ThreadPoolExecutor(1) as pool:
+        streamed = pool.submit(finish_reason, tokens)
+        time.sleep(0.3)
+        assert s.stop() == 0, s.tail()
+        assert streamed.result(60) == "length", tokens
 
 
 # name -> (whether a test needs it, start(workdir), stop(stack))
