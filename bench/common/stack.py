@@ -93,21 +93,13 @@ class StackProcess:
                               capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
 
     def start(self) -> None:
-        """Starts `baton up`; returns once it printed its ready line."""
-        self.launch()
-        self.wait_ready()
-
-    def launch(self) -> None:
-        """Starts `baton up` and returns at once (`wait_ready` waits for it)."""
+        """Starts `baton up`; returns once it printed its ready line. Stops it and raises if it
+        exits first, is not ready in READY_TIMEOUT_S, or the wait is interrupted (Ctrl-C, or the
+        SIGTERM a bench turns into one): a start given up on leaves nothing running."""
         out = open(self.log, "w")
         self.proc = subprocess.Popen([*self.prefix, str(BATON), "--config", str(self.config), "up"],
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def wait_ready(self) -> None:
-        """Returns once the launched `baton up` printed its ready line. Stops it and raises if it
-        exits first, is not ready in READY_TIMEOUT_S, or the wait is interrupted (Ctrl-C, or the
-        SIGTERM a bench turns into one): a start given up on leaves nothing running."""
         try:
             self._wait_ready()
         except BaseException:
