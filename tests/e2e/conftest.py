@@ -90,29 +90,25 @@ def _stop_colocated(s: StackProcess) -> None:
     """A stream that runs when the stack stops is answered to its end: a stopping replica lets its
     HTTP requests finish before it stops its engine (deployments/replica.py DRAIN_S; before, Serve's
     fixed 2 s wait was all they got, and this stream ended with finish_reason "abort")."""
-    import httpx
     from concurrent.futures import ThreadPoolExecutor
 
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{s.url}/v1", api_key=KEY_A, max_retries=0, timeout=60)
+
     def chat(max_tokens: int, stream: bool = False):
-        body = {"model": "baton-tiny", "messages": [{"role": "user", "content": "count"}], "stream": stream,
-                "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-        return httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=60,
-                            headers={"authorization": f"Bearer {KEY_A}"})
+        return client.chat.completions.create(
+            model="baton-tiny", messages=[{"role": "user", "content": "count"}], stream=stream,
+            max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
 
     def finish_reason(max_tokens: int) -> str | None:
-        reason = None
-        with chat(max_tokens, stream=True) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    reason = (chunk.get("choices") or [{}])[0].get("finish_reason") or reason
-        return reason
+        reasons = [c.choices[0].finish_reason for c in chat(max_tokens, stream=True) if c.choices]
+        return next((r for r in reversed(reasons) if r), None)
 
     took = {}
     for n in (32, 96):
         started = time.monotonic()
-        with chat(n) as r:
-            r.read()
+        chat(n)
         took[n] = time.monotonic() - started
     # About 4 s of decoding (the difference leaves the fixed costs out): longer than the 2 s Serve
     # waited before, shorter than DRAIN_S; within max_model_len.
