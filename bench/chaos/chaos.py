@@ -32,6 +32,7 @@ from pathlib import Path
 from bench.chaos.durable import Durable
 from bench.chaos.faults import FAULTS, FREEZES, Fault
 from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, routing, timeline
+from bench.chaos.swap import NAME as SWAP, SwapFault
 from bench.chaos.traffic import Traffic
 from bench.common.report import emit
 from bench.common.stack import StackProcess, bench_workdir, write_config
@@ -44,12 +45,15 @@ SHORT = {"engine": "timed", "layout": "colocated", "replicas": 3, "faults": "dec
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="baton bench chaos", description=__doc__.splitlines()[0])
-    p.add_argument("--layout", choices=("disaggregated", "colocated"), default="disaggregated")
+    p.add_argument("--layout", choices=("disaggregated", "colocated", "catalogue"), default="disaggregated",
+                   help="catalogue: one colocated replica serving the default model and two catalogue "
+                        "models, room for two (its fault: model-swap, bench/chaos/swap.py)")
     p.add_argument("--engine", choices=("cpu", "timed"), default="cpu",
                    help="real CPU engines, or the timed executor (colocated only: it moves no KV)")
-    p.add_argument("--replicas", type=int, default=2, help="decode (or colocated) replicas")
+    p.add_argument("--replicas", type=int, help="decode (or colocated) replicas: 2, or 1 in a catalogue")
     p.add_argument("--faults", default=",".join(FAULTS),
-                   help=f"comma-separated, of {','.join(FAULTS)} (kills) and {','.join(FREEZES)} (SIGSTOP, then SIGCONT)")
+                   help=f"comma-separated, of {','.join(FAULTS)} (kills), {','.join(FREEZES)} (SIGSTOP, then SIGCONT) "
+                        f"and {SWAP} (a catalogue's waking engine killed)")
     p.add_argument("--freeze-s", type=float, default=10.0, help="how long a `:freeze` fault keeps its component stopped")
     p.add_argument("--load", type=float, default=0.7, help="offered rate as a share of the measured capacity")
     p.add_argument("--capacity-s", type=float, default=8.0, help="seconds of closed-loop traffic that measure the capacity")
@@ -70,6 +74,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, k, v)
     if args.engine == "timed" and args.layout != "colocated":
         p.error("--engine timed runs colocated only (the timed executor moves no KV)")
+    if args.replicas is None:
+        args.replicas = 1 if args.layout == "catalogue" else 2
     return args
 
 
@@ -82,9 +88,20 @@ def stack_config(args: argparse.Namespace, workdir: Path) -> Path:
 
         decode["engine_args"] = sim_engine("h100_llama31_8b", 1.0)
         model = {"block_size": 16}
+    extra = {}
+    if args.layout == "catalogue":  # the default model and two of cluster/catalogue.yaml's; two fit
+        import yaml
+
+        from common.constants import REPO_ROOT
+
+        listed = yaml.safe_load((REPO_ROOT / "cluster" / "catalogue.yaml").read_text())["models"]
+        decode["kv_cache_gb"] = 0.25
+        extra = {"models": [m for m in listed if m["id"] in ("baton-small", "baton-deep")],
+                 "catalogue": {"memory_gb": 0.6, "min_resident_s": 2}}
     # a batch line whose front died runs again once its lease lapsed: 6 s, not 30, within a fault's run
-    return write_config(workdir, colocated=args.layout == "colocated", tracing={"exporter": "none"}, model=model,
-                        decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3}, batch={"lease_s": 6})
+    return write_config(workdir, colocated=args.layout != "disaggregated", tracing={"exporter": "none"},
+                        model=model, decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3},
+                        batch={"lease_s": 6}, **extra)
 
 
 def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -> float:
@@ -92,7 +109,7 @@ def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -
     return asyncio.run(Traffic(url, model, rate=1.0, seed=99).closed(seconds, concurrency))
 
 
-async def _under_traffic(fault: Fault, traffic: Traffic, durable: Durable,
+async def _under_traffic(fault: Fault | SwapFault, traffic: Traffic, durable: Durable,
                          args) -> tuple[float, float, str, float | None, dict]:
     """Runs the traffic and the durable work, kills at `before`; (start, kill time, victim, seconds
     until the component was back, what the durable work lost)."""
@@ -112,8 +129,9 @@ async def _under_traffic(fault: Fault, traffic: Traffic, durable: Durable,
     return start, killed_at, victim, back, await durable.report(args.batch_timeout)
 
 
-def run_fault(fault: Fault, rate: float, model: str, args, seed: int) -> dict:
+def run_fault(fault: Fault | SwapFault, rate: float, model: str, args, seed: int) -> dict:
     """One fault under traffic; its report (see the module docstring)."""
+    fault.prepare()
     traffic = Traffic(fault.stack.url, model, rate, deadline_s=args.deadline, seed=seed)
     durable = Durable(fault.stack.url, model)
     start, killed_at, victim, back, kept = asyncio.run(_under_traffic(fault, traffic, durable, args))
@@ -133,7 +151,7 @@ def run_fault(fault: Fault, rate: float, model: str, args, seed: int) -> dict:
         "streams_cut": len(cut), "streams_cut_outcomes": counts(cut),
         "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
         "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
-        "timeline": timeline(attempts, start, end), **kept,
+        "timeline": timeline(attempts, start, end), **kept, **fault.report(),
         **routing(attempts, killed_at, None if back is None else killed_at + back),
     }
 
@@ -177,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = args.rate or args.load * capacity(stack.url, model, args.capacity_s)
         print(f"offered rate {rate:.1f} req/s", file=sys.stderr)
         for i, name in enumerate(n for n in args.faults.split(",") if n):
-            fault = Fault(stack, name, args.freeze_s)
+            fault = SwapFault(stack, model, args.deadline) if name == SWAP else Fault(stack, name, args.freeze_s)
             if not fault.applies():
                 print(f"  {name}: not in this layout, skipped", file=sys.stderr)
                 continue

@@ -97,6 +97,14 @@ class Fault:
             return bool(_live(self.stack, self.component))
         return True
 
+    def prepare(self) -> None:
+        """Sets up what the fault needs before the traffic starts: nothing here (bench/chaos/swap.py
+        has a model to make resident)."""
+
+    def report(self) -> dict:
+        """What the fault adds to its record: nothing here."""
+        return {}
+
     def inject(self) -> str:
         """Kills (or freezes) the component; returns what was hit. Changes the stack."""
         s, c = self.stack, self.component

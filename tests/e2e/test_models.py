@@ -198,6 +198,30 @@ def test_a_swap_that_meets_a_death_leaves_no_request_hanging_and_the_catalogue_c
     assert sum(m["resident"] for m in listing.values()) == 2  # room for two, as the catalogue counts
 
 
+def test_the_chaos_benchs_swap_fault_meets_a_waking_engine_and_the_model_comes_back(catalogue_stack):
+    """`baton bench chaos --layout catalogue`'s fault (bench/chaos/swap.py) on this stack, without
+    its traffic: it kills the engine a swap forks, the request that started the wake ends in an
+    answer or a clean error, and a later request wakes the model again."""
+    from bench.chaos.swap import SwapFault
+
+    fault = SwapFault(catalogue_stack, FIRST, deadline_s=60)
+    assert (fault.resident, fault.cold) == (SMALL, DEEP)
+    _make_resident(catalogue_stack, FIRST)
+    fault.prepare()  # SMALL resident beside FIRST: the memory is full
+    _make_resident(catalogue_stack, FIRST)  # the most wanted: DEEP's wake evicts SMALL
+    time.sleep(MIN_RESIDENT_S)
+    victim = fault.inject()
+    assert fault.killed, victim
+    deadline = time.monotonic() + 120
+    while not fault.recovered():
+        assert time.monotonic() < deadline, fault.report()
+        time.sleep(0.5)
+    r = fault.report()
+    assert r["swap_request"] in ("ok", "clean_error"), r
+    assert r["swap_requests"]["hung"] == r["swap_requests"]["unclean_error"] == 0, r
+    assert _listing(catalogue_stack)[DEEP]["resident"]
+
+
 def test_usage_counters_equal_the_clients_usage_per_tenant_and_model(catalogue_stack):
     _make_resident(catalogue_stack, FIRST)
     _make_resident(catalogue_stack, SMALL)
