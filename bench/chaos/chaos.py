@@ -32,6 +32,7 @@ from pathlib import Path
 from bench.chaos.durable import Durable
 from bench.chaos.faults import FAULTS, FREEZES, Fault
 from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, routing, timeline
+from bench.chaos.sites import NAME as SITE, SiteFault, SitePair
 from bench.chaos.swap import NAME as SWAP, SwapFault
 from bench.chaos.traffic import Traffic
 from bench.common.report import emit
@@ -45,15 +46,17 @@ SHORT = {"engine": "timed", "layout": "colocated", "replicas": 3, "faults": "dec
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="baton bench chaos", description=__doc__.splitlines()[0])
-    p.add_argument("--layout", choices=("disaggregated", "colocated", "catalogue"), default="disaggregated",
+    p.add_argument("--layout", choices=("disaggregated", "colocated", "catalogue", "sites"), default="disaggregated",
                    help="catalogue: one colocated replica serving the default model and two catalogue "
-                        "models, room for two (its fault: model-swap, bench/chaos/swap.py)")
+                        "models, room for two (its fault: model-swap, bench/chaos/swap.py); sites: two "
+                        "colocated sites, the traffic at `a`, which forwards what it cannot take to `b` "
+                        "(its fault: site, bench/chaos/sites.py)")
     p.add_argument("--engine", choices=("cpu", "timed"), default="cpu",
                    help="real CPU engines, or the timed executor (colocated only: it moves no KV)")
-    p.add_argument("--replicas", type=int, help="decode (or colocated) replicas: 2, or 1 in a catalogue")
+    p.add_argument("--replicas", type=int, help="decode (or colocated) replicas: 2; 1 in a catalogue, and a site")
     p.add_argument("--faults", default=",".join(FAULTS),
-                   help=f"comma-separated, of {','.join(FAULTS)} (kills), {','.join(FREEZES)} (SIGSTOP, then SIGCONT) "
-                        f"and {SWAP} (a catalogue's waking engine killed)")
+                   help=f"comma-separated, of {','.join(FAULTS)} (kills), {','.join(FREEZES)} (SIGSTOP, "
+                        f"then SIGCONT), {SWAP} (a catalogue's waking engine killed) and {SITE} (a site killed)")
     p.add_argument("--freeze-s", type=float, default=10.0, help="how long a `:freeze` fault keeps its component stopped")
     p.add_argument("--load", type=float, default=0.7, help="offered rate as a share of the measured capacity")
     p.add_argument("--capacity-s", type=float, default=8.0, help="seconds of closed-loop traffic that measure the capacity")
@@ -75,7 +78,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.engine == "timed" and args.layout != "colocated":
         p.error("--engine timed runs colocated only (the timed executor moves no KV)")
     if args.replicas is None:
-        args.replicas = 1 if args.layout == "catalogue" else 2
+        args.replicas = 1 if args.layout in ("catalogue", "sites") else 2
     return args
 
 
@@ -109,7 +112,7 @@ def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -
     return asyncio.run(Traffic(url, model, rate=1.0, seed=99).closed(seconds, concurrency))
 
 
-async def _under_traffic(fault: Fault | SwapFault, traffic: Traffic, durable: Durable,
+async def _under_traffic(fault: Fault | SwapFault | SiteFault, traffic: Traffic, durable: Durable,
                          args) -> tuple[float, float, str, float | None, dict]:
     """Runs the traffic and the durable work, kills at `before`; (start, kill time, victim, seconds
     until the component was back, what the durable work lost)."""
@@ -129,7 +132,7 @@ async def _under_traffic(fault: Fault | SwapFault, traffic: Traffic, durable: Du
     return start, killed_at, victim, back, await durable.report(args.batch_timeout)
 
 
-def run_fault(fault: Fault | SwapFault, rate: float, model: str, args, seed: int) -> dict:
+def run_fault(fault: Fault | SwapFault | SiteFault, rate: float, model: str, args, seed: int) -> dict:
     """One fault under traffic; its report (see the module docstring)."""
     fault.prepare()
     traffic = Traffic(fault.stack.url, model, rate, deadline_s=args.deadline, seed=seed)
@@ -182,31 +185,47 @@ def plot(doc: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _started(args, workdir: Path) -> tuple[StackProcess, SitePair | None]:
+    """The stack the traffic goes to, started (with its peer site, for `--layout sites`)."""
+    print(f"starting Baton ({args.layout}, {args.engine} engines, {args.replicas} replicas) ...", file=sys.stderr)
+    if args.layout == "sites":
+        pair = SitePair(workdir / "sites-cpu")
+        pair.start()
+        return pair.stacks["a"], pair
+    stack = StackProcess(stack_config(args, workdir / f"{args.layout}-{args.engine}"))
+    stack.start()
+    return stack, None
+
+
+def _fault(name: str, stack: StackProcess, pair: SitePair | None, model: str, args):
+    if name == SWAP:
+        return SwapFault(stack, model, args.deadline)
+    if name == SITE:
+        return SiteFault(pair)
+    return Fault(stack, name, args.freeze_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    workdir = bench_workdir("chaos")
-    cfg_path = stack_config(args, workdir / f"{args.layout}-{args.engine}")
-    model = load_config(cfg_path, environ={}).model.served_name
-    stack = StackProcess(cfg_path)
-    print(f"starting Baton ({args.layout}, {args.engine} engines, {args.replicas} replicas) ...", file=sys.stderr)
-    stack.start()
+    stack, pair = _started(args, bench_workdir("chaos"))
     runs = []
     try:
+        model = load_config(stack.config, environ={}).model.served_name
         rate = args.rate or args.load * capacity(stack.url, model, args.capacity_s)
         print(f"offered rate {rate:.1f} req/s", file=sys.stderr)
         for i, name in enumerate(n for n in args.faults.split(",") if n):
-            fault = SwapFault(stack, model, args.deadline) if name == SWAP else Fault(stack, name, args.freeze_s)
+            fault = _fault(name, stack, pair, model, args)
             if not fault.applies():
                 print(f"  {name}: not in this layout, skipped", file=sys.stderr)
                 continue
             print(f"  [{i + 1}] {name}: {args.before:.0f} s, {'freeze' if ':freeze' in name else 'kill'}, "
                   f"{args.after:.0f} s ...", file=sys.stderr)
             r = run_fault(fault, rate, model, args, seed=i)
-            print(f"      sent {r['sent']}, bad {r['bad']} (silent {r['silent']}), unaffected {r['unaffected_share']}, goodput back "
-                  f"{r['goodput_back_s']} s, component back {r['component_back_s']} s", file=sys.stderr)
+            print(f"      sent {r['sent']}, bad {r['bad']} (silent {r['silent']}), unaffected {r['unaffected_share']}, "
+                  f"goodput back {r['goodput_back_s']} s, component back {r['component_back_s']} s", file=sys.stderr)
             runs.append(r)
     finally:
-        stack.stop()
+        (pair or stack).stop()
     doc = {"bench": "chaos", "layout": args.layout, "engine": args.engine, "replicas": args.replicas,
            "load": args.load, "deadline_s": args.deadline, "faults": runs}
     emit(doc, args.out, args.plot, plot)

@@ -77,6 +77,33 @@ def test_fault_names_a_kill_or_a_freeze():
         Fault(None, "router:freeze")
 
 
+def test_the_catalogue_and_sites_layouts_have_faults_of_their_own():
+    """`--layout catalogue` runs one replica and `model-swap`; `--layout sites` runs `site`; each fault
+    applies only where its component exists, and the timed executor stays colocated."""
+    import pytest
+
+    from bench.chaos.chaos import parse
+    from bench.chaos.sites import SiteFault
+    from bench.chaos.swap import SwapFault
+
+    assert parse(["--layout", "catalogue", "--faults", "model-swap"]).replicas == 1
+    assert parse(["--layout", "sites", "--faults", "site"]).replicas == 1
+    assert parse([]).replicas == 2 and parse(["--replicas", "3", "--layout", "catalogue"]).replicas == 3
+    with pytest.raises(SystemExit):
+        parse(["--layout", "sites", "--engine", "timed"])
+
+    class NoCatalogue:
+        url, cfg = "http://127.0.0.1:9", {}
+
+    class Catalogue(NoCatalogue):
+        cfg = {"models": [{"id": "baton-small"}, {"id": "baton-deep"}]}
+
+    assert not SwapFault(NoCatalogue(), "baton-tiny").applies()
+    swap = SwapFault(Catalogue(), "baton-tiny")
+    assert swap.applies() and (swap.resident, swap.cold) == ("baton-small", "baton-deep")
+    assert not SiteFault(None).applies() and SiteFault(None).report()["site_processes_killed"] == 0
+
+
 def _routed(sent: float, session: str | None, replica: str, predicted: int | None, actual: int,
             stream: bool = False) -> Attempt:
     info = {"decode_replica": replica, "predicted_cached_tokens": predicted, "decode_only": True,
