@@ -117,3 +117,28 @@ def test_only_finish_releases_a_permit():
     releasing = sorted(str(p.relative_to(front_dir)) for p in front_dir.rglob("*.py")
                        if re.search(r"permit\.release\(", Path(p).read_text()))
     assert releasing == ["pipeline/finish.py"]
+
+
+def test_a_responses_request_stays_at_its_site_where_chat_may_go_to_another():
+    """The chain a Responses request continues and the response it stores live in this site's
+    Redis, so it never leaves for another site; a chat request goes where the site policy says."""
+    from deployments.api import apis
+    from deployments.front.pipeline.auth import Auth, NoSites
+    from deployments.front.pipeline.request import Request
+
+    class EverythingElsewhere(NoSites):
+        """A site policy that sends every request it is asked about to another site."""
+
+        def __init__(self):
+            self.asked: list[str] = []
+
+        async def offload(self, scope, receive, send, tenant, parse):
+            self.asked.append(scope["path"])
+            return True, None
+
+    sites = EverythingElsewhere()
+    auth = Auth(BatonConfig().serve, KeyTable({}), sites)
+    for path, leaves in (("/v1/chat/completions", True), ("/v1/responses", False), ("/v1/messages", True)):
+        req = Request({"type": "http", "path": path, "headers": []}, None, None, apis.APIS[path])
+        assert asyncio.run(auth.offloaded(req, lambda raw: None)) is leaves, path
+    assert sites.asked == ["/v1/chat/completions", "/v1/messages"]

@@ -49,8 +49,11 @@ class Auth:
 
     async def offloaded(self, req: Request, parse) -> bool:
         """Whether another site answered the request (sites.py's policy chose it); a request that
-        came from another site, or from a batch, runs here. May read `req.raw` (validated by `parse`)."""
-        if req.forwarded or "baton.tenant" in req.scope:
+        came from another site, or from a batch, runs here, and so does a Responses request: the
+        chain it continues and the response it stores live in this site's Redis, which another
+        site cannot read (`baton bench chaos --layout sites` saw chains break and responses go
+        missing when they left). May read `req.raw` (validated by `parse`)."""
+        if req.forwarded or "baton.tenant" in req.scope or req.kind == "responses":
             return False
         done, req.raw = await self.sites.offload(req.scope, req.receive, req.send, req.tenant, parse)
         return done
