@@ -15,7 +15,8 @@ Per fault it reports:
   then, or sent after), the share answered (`unaffected_share`), and how many
   streams were cut mid-answer (those end with an error event, or are truncated);
 - `goodput_back_s`: seconds until answers per second are within 10% of
-  before the kill; `component_back_s`: until the component itself is back;
+  before the kill; `goodput_settled_s`: until they stay there (after the
+  last dip); `component_back_s`: until the component itself is back;
 - batch lines and stored responses lost or duplicated (bench/chaos/durable.py:
   a batch job and Responses-API chains run beside the traffic).
 JSON, and a timeline plot of good and bad answers per second around each kill.
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from bench.chaos.durable import Durable
 from bench.chaos.faults import FAULTS, FREEZES, Fault
-from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, routing, timeline
+from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, goodput_settled_s, routing, timeline
 from bench.chaos.sites import NAME as SITE, SiteFault, SitePair
 from bench.chaos.swap import NAME as SWAP, SwapFault
 from bench.chaos.traffic import Traffic
@@ -153,6 +154,8 @@ def run_fault(fault: Fault | SwapFault | SiteFault, rate: float, model: str, arg
         "no_byte_at_kill": len(no_byte), "unaffected_share": round(answered / len(no_byte), 4) if no_byte else None,
         "streams_cut": len(cut), "streams_cut_outcomes": counts(cut),
         "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
+        "goodput_settled_s": goodput_settled_s(good_ends, killed_at, max(a.sent for a in attempts),
+                                               before_s=min(args.before, 10.0)),
         "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
         "timeline": timeline(attempts, start, end), **kept, **fault.report(),
         **routing(attempts, killed_at, None if back is None else killed_at + back),

@@ -114,6 +114,26 @@ def goodput_back_s(done: list[float], fault_at: float, end: float, before_s: flo
     return None
 
 
+def goodput_settled_s(done: list[float], fault_at: float, until: float, before_s: float = 10.0,
+                      window_s: float = 3.0, share: float = 0.9, step_s: float = 0.25) -> float | None:
+    """Seconds after `fault_at` from which goodput over every `window_s` window up to `until` (the
+    traffic's last send) stays at `share` of its mean over the `before_s` before the fault: the end
+    of the last dip, where `goodput_back_s` gives the end of the first (a fault whose effect
+    starts late, a lost site whose load its peer takes on, dips after a first good window).
+    0.0 when it never dropped below; None when it is below in the last window."""
+    before = sum(1 for t in done if fault_at - before_s <= t < fault_at) / before_s
+    if before == 0:
+        return None
+    t, settled = fault_at, fault_at
+    while t + window_s <= until:
+        if sum(1 for d in done if t <= d < t + window_s) / window_s < share * before:
+            settled = None
+        elif settled is None:
+            settled = t
+        t += step_s
+    return None if settled is None else round(settled - fault_at, 2)
+
+
 def timeline(attempts: list[Attempt], start: float, end: float, bin_s: float = 1.0) -> dict[str, list[int]]:
     """Per `bin_s` bin from `start`: answers ended well (`good`) and ended badly or in error (`bad`)."""
     n = max(1, int((end - start) / bin_s) + 1)

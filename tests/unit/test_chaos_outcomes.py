@@ -58,6 +58,21 @@ def test_goodput_is_back_when_a_window_reaches_nine_tenths_of_before():
     assert goodput_back_s([], fault_at=10.0, end=25.0) is None  # nothing before to compare with
 
 
+def test_goodput_settles_after_the_last_dip_not_the_first_good_window():
+    """A dip that starts late (a lost site's load lands on its peer a few seconds on): back at the
+    first window, settled only after the dip."""
+    from bench.chaos.outcomes import goodput_settled_s
+
+    before = [i * 0.1 for i in range(100)]  # 10/s for 10 s
+    late_dip = [10 + i * 0.1 for i in range(50)] + [20 + i * 0.1 for i in range(100)]  # none 15-20 s
+    assert goodput_back_s(before + late_dip, fault_at=10.0, end=30.0) == 0.0
+    assert 9.5 <= goodput_settled_s(before + late_dip, fault_at=10.0, until=30.0) <= 10.0
+    steady = before + [10 + i * 0.1 for i in range(200)]
+    assert goodput_settled_s(steady, fault_at=10.0, until=30.0) == 0.0
+    assert goodput_settled_s(before + [10 + i * 0.1 for i in range(100)], fault_at=10.0, until=30.0) is None
+    assert goodput_settled_s([], fault_at=10.0, until=30.0) is None
+
+
 def test_timeline_bins_good_and_bad_answers_by_when_they_ended():
     t = timeline([_stream(CHUNK + LAST + DONE), _stream(CHUNK)], start=0.0, end=2.0)
     assert t == {"good": [0, 1, 0], "bad": [0, 1, 0]}
