@@ -1,11 +1,13 @@
 """`baton bench chaos`: each component killed in turn under steady traffic, and what users saw.
 
-One Baton stack (`baton up`: disaggregated, colocated or a model catalogue, on real
-CPU engines or on the timed executor, actors/sim/) takes steady mixed traffic (bench/chaos/traffic.py:
-streamed and plain chat, agent sessions with `x-session-affinity`) at `--load` of
-its measured capacity. For each fault (bench/chaos/faults.py; a catalogue's:
-swap.py) the traffic runs `--before` seconds, the component is SIGKILLed, and the traffic runs `--after`
-seconds more; then the bench waits until the component is back before the next.
+One Baton stack (`baton up`: disaggregated, colocated, a model catalogue, or
+one of two sites; on real CPU engines or on the timed executor, actors/sim/)
+takes steady mixed traffic (bench/chaos/traffic.py: streamed and plain chat,
+agent sessions with `x-session-affinity`) at `--load` of its measured
+capacity. For each fault (bench/chaos/faults.py; a catalogue's: swap.py; a
+site's: sites.py) the traffic runs `--before` seconds, the component is
+SIGKILLed, and the traffic runs `--after` seconds more; then the bench waits
+until the component is back before the next.
 
 Per fault it reports:
 - every request's outcome (bench/chaos/outcomes.py): ok, retried, clean_error,

@@ -24,13 +24,13 @@ import httpx
 
 from bench.common.stack import StackProcess, write_config
 from bench.sites.delay_proxy import DelayProxy
+from bench.sites.sites_local import ONE_THREAD
 from common.processes import free_ports
 
 NAME = "site"
 DELAY_S = 0.010  # one way, between the two sites
 TOKEN = "bench-chaos-site-token"
 PERMITS = {"a": 2, "b": 4}  # engine permits per site: `a` fills first
-ONE_THREAD = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
 class SitePair:
@@ -38,7 +38,8 @@ class SitePair:
 
     def __init__(self, workdir: Path) -> None:
         self.ports = dict(zip("ab", free_ports(2)))
-        self.proxies = {(s, d): DelayProxy(self.ports[d], DELAY_S).start() for s, d in (("a", "b"), ("b", "a"))}
+        self.proxies = {(s, d): DelayProxy(self.ports[d], DELAY_S).start()
+                        for s, d in (("a", "b"), ("b", "a"))}
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "site_token").write_text(TOKEN)
         self.stacks = {}
