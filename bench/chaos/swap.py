@@ -33,8 +33,9 @@ MID_WAKE_S = 0.3  # how long into its start the engine is killed
 
 
 def catalogue_models(stack: StackProcess) -> list[str]:
-    """The catalogue's own models (the served default model not included)."""
-    return [m["id"] for m in stack.cfg.get("models") or []]
+    """The catalogue's own models whose engines the replica's standby forks (the served default
+    model not included, nor a model in a runtime_env of its own, whose engine runs in a Ray actor)."""
+    return [m["id"] for m in stack.cfg.get("models") or [] if not m.get("runtime_env")]
 
 
 class SwapFault:
@@ -45,8 +46,8 @@ class SwapFault:
 
     def __init__(self, stack: StackProcess, served: str, deadline_s: float = 30.0):
         self.stack, self.served = stack, served
-        models = catalogue_models(stack)
-        self.resident, self.cold = (models + [None, None])[:2]
+        self.models = catalogue_models(stack)
+        self.resident, self.cold = (self.models + [None, None])[:2]  # the cold one: chosen again at the kill
         self.wakes = Traffic(stack.url, self.cold or "", rate=1.0, deadline_s=deadline_s, seed=7)
         self._started: threading.Thread | None = None
         self.killed: list[int] = []
@@ -67,11 +68,19 @@ class SwapFault:
         raise RuntimeError(f"{self.resident} did not become resident: {r.status_code} {r.text[:200]}")
 
     def inject(self) -> str:
-        """Starts a request for the cold model, and SIGKILLs the engine its wake forks, MID_WAKE_S
-        after the fork. Changes the stack: one engine start dies."""
+        """Starts a request for a catalogue model that is not resident (the second, unless the
+        residency chose otherwise), and SIGKILLs the engine its wake forks, MID_WAKE_S after the
+        fork. Changes the stack: one engine start dies."""
         import psutil
 
-        standby = self._standby()
+        listing = self._listing()
+        cold = [m for m in self.models if not listing[m]["resident"]]
+        if not cold:
+            return "none: every catalogue model is resident"
+        if not listing[self.served]["pids"]:
+            return f"none: {self.served} is not resident"
+        self.cold = self.wakes.model = cold[0]
+        standby = psutil.Process(listing[self.served]["pids"][0]).parent()  # the forkserver of the engines
         before = {p.pid for p in standby.children(recursive=True)}
         self._started = threading.Thread(target=self._wake, daemon=True)
         self._started.start()
@@ -113,14 +122,11 @@ class SwapFault:
                 await self.wakes._one(client, False, None, "wake up")
         asyncio.run(one())
 
-    def _standby(self):
-        """The catalogue's standby: the parent of the serving model's engine core."""
-        import psutil
-
+    def _listing(self) -> dict[str, dict]:
+        """The catalogue as /v1/models lists it: model -> {"resident", "pids", ...}."""
         r = httpx.get(f"{self.stack.url}/v1/models", timeout=30)
         r.raise_for_status()
-        pids = next(m["baton"]["pids"] for m in r.json()["data"] if m["id"] == self.served)
-        return psutil.Process(pids[0]).parent()
+        return {m["id"]: m["baton"] for m in r.json()["data"]}
 
 
 def _children(proc) -> list:
