@@ -14,7 +14,9 @@ from the standby of actors/fast_start.py.
 
 A request that cannot have its model before its deadline is refused at once
 (`ModelUnavailable`, a 429 with Retry-After), never parked. A model whose
-engine died is dropped and woken again by its next request.
+engine died is dropped and woken again by its next request; a start that
+fails (an engine that crashed while it started) is tried once more for the
+request waiting on it, where its deadline leaves room.
 
 To the replica the host looks like one engine (`running`, `errored`,
 `engine_load`, `shutdown`), so health checks and autoscaling see the sum.
@@ -41,6 +43,7 @@ from routing.policy.residency import Residency
 log = logging.getLogger(__name__)
 FIRST_WAKE_GUESS_S = 10.0  # a model's engine start before one was measured
 FIRST_RESUME_GUESS_S = 2.0  # a sleeping engine's wake before one was measured
+START_RETRIES = 1  # a request whose model's start failed (its engine crashed) starts it again once, in its deadline
 
 
 class ModelUnavailable(APIError):
@@ -100,8 +103,10 @@ class ModelHost:
 
     async def acquire(self, model: str, deadline_s: float) -> Finisher:
         """The app serving `model`, waking it if needed; counts one request in flight on it
-        until `release(model)`. Raises ModelUnavailable if it cannot be had within `deadline_s`."""
-        start = time.monotonic()
+        until `release(model)`. A start that fails is tried again START_RETRIES times where the
+        deadline leaves room (an engine that crashed mid-start, `baton bench chaos --layout
+        catalogue`). Raises ModelUnavailable if it cannot be had within `deadline_s`."""
+        start, failed = time.monotonic(), 0
         self.residency.request(model, start)
         self._prioritise(start)
         while True:
@@ -124,7 +129,13 @@ class ModelHost:
                     raise ModelUnavailable(429, f"The model '{model}' is not loaded and cannot be loaded within "
                                            "this request's deadline; retry later", ready_in)
                 if plan.wait_s <= 0:
-                    await self._swap_in(model, plan.evict, now)
+                    try:
+                        await self._swap_in(model, plan.evict, now)
+                    except ModelUnavailable:
+                        failed += 1
+                        if failed > START_RETRIES:
+                            raise
+                        log.warning("model %s failed to start; starting it again for a waiting request", model)
                     continue
             await asyncio.sleep(plan.wait_s)  # outside the lock: other models' swaps go on meanwhile
 

@@ -200,16 +200,16 @@ def test_a_swap_that_meets_a_death_leaves_no_request_hanging_and_the_catalogue_c
 
 def test_the_chaos_benchs_swap_fault_meets_a_waking_engine_and_the_model_comes_back(catalogue_stack):
     """`baton bench chaos --layout catalogue`'s fault (bench/chaos/swap.py) on this stack, without
-    its traffic: it kills the engine a swap forks, the request that started the wake ends in an
-    answer or a clean error, and a later request wakes the model again."""
+    its traffic: it kills the engine a swap forks; the request that started the wake is answered
+    (its model started again within its deadline), and a later request finds the model resident."""
     from bench.chaos.swap import SwapFault
 
     fault = SwapFault(catalogue_stack, FIRST, deadline_s=60)
-    assert (fault.resident, fault.cold) == (SMALL, DEEP)
+    assert fault.resident == SMALL and ENVS.keys().isdisjoint(fault.models)  # their engines are Ray actors
     _make_resident(catalogue_stack, FIRST)
     fault.prepare()  # SMALL resident beside FIRST: the memory is full
-    _make_resident(catalogue_stack, FIRST)  # the most wanted: DEEP's wake evicts SMALL
-    time.sleep(MIN_RESIDENT_S)
+    _make_resident(catalogue_stack, FIRST)  # in case SMALL's wake evicted it
+    time.sleep(MIN_RESIDENT_S)  # whichever catalogue model is cold now, its wake may evict
     victim = fault.inject()
     assert fault.killed, victim
     deadline = time.monotonic() + 120
@@ -217,9 +217,9 @@ def test_the_chaos_benchs_swap_fault_meets_a_waking_engine_and_the_model_comes_b
         assert time.monotonic() < deadline, fault.report()
         time.sleep(0.5)
     r = fault.report()
-    assert r["swap_request"] in ("ok", "clean_error"), r
+    assert r["swap_request"] == "ok", r  # the crashed start was tried again within its deadline (START_RETRIES)
     assert r["swap_requests"]["hung"] == r["swap_requests"]["unclean_error"] == 0, r
-    assert _listing(catalogue_stack)[DEEP]["resident"]
+    assert _listing(catalogue_stack)[fault.cold]["resident"]
 
 
 def test_usage_counters_equal_the_clients_usage_per_tenant_and_model(catalogue_stack):
