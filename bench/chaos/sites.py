@@ -11,7 +11,9 @@ Mooncake processes), as a lost machine or a power cut would. The site comes
 back the way an operator's (or a supervisor's) restart brings it: `baton up`
 again on the same config, at once. What must hold at `a`: no request hangs
 and none is cut silently; requests it had forwarded to `b` end with an
-answer or a clean error; and `a` forwards to `b` again once `b` is back.
+answer or a clean error; and `b` is reachable on `a`'s path again once it is
+back (the requests `a` had `b` serve before the kill and by the end are
+reported).
 """
 
 from __future__ import annotations

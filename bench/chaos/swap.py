@@ -4,14 +4,16 @@ On a catalogue stack (`baton bench chaos --layout catalogue`: one colocated
 replica, the default model and two catalogue models, room for two) the
 traffic goes to the default model. Before the traffic starts, `prepare` makes
 the first catalogue model resident, so the memory is full. At the kill, a
-request for the second (cold) one starts its wake, which evicts the first;
-as soon as the catalogue's standby (actors/fast_start.py) has forked the
-waking engine, its processes are SIGKILLed, as a crash mid-start would.
+request for a catalogue model that is not resident starts its wake, which
+evicts another; as soon as the catalogue's standby (actors/fast_start.py) has
+forked the waking engine, its processes are SIGKILLed, as a crash mid-start
+would.
 
 What must hold: the traffic on the serving model goes on unharmed; the
-request that started the wake gets an answer or a clean error (no hang, no
-5xx outside OpenAI's shape); and the model is back once a later request
-wakes it again (`recovered`). The wake's requests are recorded as the
+request that started the wake gets an answer (the catalogue starts the model
+again within its deadline, deployments/catalogue/model_host.py) or a clean
+error (no hang, no 5xx outside OpenAI's shape); and the model is back once a
+later request finds it resident or wakes it again (`recovered`). The wake's requests are recorded as the
 traffic's are (bench/chaos/outcomes.py), and reported with the fault.
 """
 
