@@ -19,7 +19,6 @@ traffic's are (bench/chaos/outcomes.py), and reported with the fault.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -84,7 +83,7 @@ class SwapFault:
         self.cold = self.wakes.model = cold[0]
         standby = psutil.Process(listing[self.served]["pids"][0]).parent()  # the forkserver of the engines
         before = {p.pid for p in standby.children(recursive=True)}
-        self._started = threading.Thread(target=self._wake, daemon=True)
+        self._started = threading.Thread(target=self.wakes.send_one, args=("wake up",), daemon=True)
         self._started.start()
         deadline = time.monotonic() + FORK_WAIT_S
         while time.monotonic() < deadline:
@@ -107,8 +106,7 @@ class SwapFault:
         (that request wakes it again, when no other is under way). Sends one request."""
         if self._started is not None and self._started.is_alive():
             return False
-        self._wake()
-        return self.wakes.attempts[-1].outcome() == "ok"
+        return self.wakes.send_one("wake up").outcome() == "ok"
 
     def report(self) -> dict:
         """The wake's requests, as the client saw them: the first is the one the kill met."""
@@ -117,12 +115,6 @@ class SwapFault:
                 "swap_request_status": first and first.status,
                 "swap_request_body": first and first.body[:300].decode(errors="replace"),
                 "swap_requests": counts(self.wakes.attempts)}
-
-    def _wake(self) -> None:
-        async def one() -> None:
-            async with httpx.AsyncClient(timeout=None) as client:
-                await self.wakes._one(client, False, None, "wake up")
-        asyncio.run(one())
 
     def _listing(self) -> dict[str, dict]:
         """The catalogue as /v1/models lists it: model -> {"resident", "pids", ...}."""

@@ -75,6 +75,15 @@ class Traffic:
         self.attempts = []
         return good / took
 
+    def send_one(self, prompt: str, stream: bool = False, session: str | None = None) -> Attempt:
+        """Sends one request of this traffic's model and settings from a client of its own, waits for
+        its end (bounded by the deadline), and appends it to `attempts`; returns it."""
+        async def one() -> None:
+            async with httpx.AsyncClient(timeout=None) as client:
+                await self._one(client, stream, session, prompt)
+        asyncio.run(one())
+        return self.attempts[-1]
+
     async def _one(self, client: httpx.AsyncClient, stream: bool, session: str | None, prompt: str) -> None:
         a = Attempt(stream=stream, sent=time.monotonic(), session=session)
         headers = {**self.headers, **({"x-session-affinity": session} if session else {})}
