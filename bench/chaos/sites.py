@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.common.stack import StackProcess, write_config
-from bench.sites.delay_proxy import DelayProxy
+from bench.common.stack import StackProcess
+from bench.sites.site_mesh import delay_mesh, site_config
 from bench.sites.sites_local import ONE_THREAD
 from common.processes import free_ports
 
@@ -40,20 +40,16 @@ class SitePair:
 
     def __init__(self, workdir: Path) -> None:
         self.ports = dict(zip("ab", free_ports(2)))
-        self.proxies = {(s, d): DelayProxy(self.ports[d], DELAY_S).start()
-                        for s, d in (("a", "b"), ("b", "a"))}
+        self.proxies = delay_mesh(self.ports, lambda src, dst: DELAY_S)
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "site_token").write_text(TOKEN)
-        self.stacks = {}
-        for name, other in (("a", "b"), ("b", "a")):
-            self.stacks[name] = StackProcess(write_config(
-                workdir / name, colocated=True, decode={"replicas": 1, "env": ONE_THREAD},
-                serve={"port": self.ports[name]}, tracing={"exporter": "none"}, batch={"lease_s": 6},
-                routing={"heartbeat_s": 1, "replica_timeout_s": 3},
-                admission={"capacity_per_replica": PERMITS[name], "max_queue_per_tenant": 16},
-                sites={"name": name, "peers": [{"name": other, "url": self.proxies[(name, other)].url}],
-                       "token_file": str(workdir / "site_token"), "probe_s": 0.5, "map_ttl_s": 3.0,
-                       "select": {"near_max_rtt_s": 1.0}}))  # a Python proxy on 2 busy cores
+        self.stacks = {
+            name: StackProcess(site_config(
+                workdir / name, name, self.ports, self.proxies, PERMITS[name], 16, workdir / "site_token",
+                decode={"env": ONE_THREAD}, sites={"select": {"near_max_rtt_s": 1.0}},  # a Python proxy on 2 busy cores
+                tracing={"exporter": "none"}, batch={"lease_s": 6},
+                routing={"heartbeat_s": 1, "replica_timeout_s": 3}))
+            for name in "ab"}
 
     def start(self) -> None:
         """Starts both sites, one after the other (each start takes both cores)."""

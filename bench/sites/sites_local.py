@@ -47,8 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from bench.sites.delay_proxy import DelayProxy
-from bench.common.stack import StackProcess, bench_workdir, write_config
+from bench.common.stack import StackProcess, bench_workdir
+from bench.sites.site_mesh import delay_mesh, site_config
 from common import cpu_slice
 from common.processes import free_ports
 from common.constants import CORPUS
@@ -97,19 +97,14 @@ class Sites:
         self.ports = dict(zip(SITES, free_ports(3)))
         self.site_cpu = site_cpu
         self.slices = {n: cpu_slice.CpuSlice(f"bench-sites-{n}") for n in SITES} if site_cpu else {}
-        self.proxies = {(s, d): DelayProxy(self.ports[d], one_way(s, d)).start()
-                        for s in SITES for d in SITES if s != d}
+        self.proxies = delay_mesh(self.ports, one_way)
         (workdir / "site_token").write_text(TOKEN)
-        self.stacks = {}
-        for name in SITES:
-            peers = [{"name": d, "url": self.proxies[(name, d)].url} for d in SITES if d != name]
-            self.stacks[name] = StackProcess(write_config(
-                workdir / name, colocated=True, decode={"replicas": 1, "env": ONE_THREAD},
-                serve={"port": self.ports[name]},
-                admission={"capacity_per_replica": permits, "max_queue_per_tenant": permits},
-                sites={"name": name, "peers": peers, "token_file": str(workdir / "site_token"),
-                       "probe_s": 0.5, "map_ttl_s": 3.0, "busy_tau_s": BUSY_TAU_S}),
+        self.stacks = {
+            name: StackProcess(site_config(
+                workdir / name, name, self.ports, self.proxies, permits, permits, workdir / "site_token",
+                decode={"env": ONE_THREAD}, sites={"busy_tau_s": BUSY_TAU_S}),
                 prefix=self.slices[name].prefix() if self.slices else None)
+            for name in SITES}
 
     def __enter__(self) -> "Sites":
         with ThreadPoolExecutor(len(SITES)) as pool:

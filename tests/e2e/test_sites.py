@@ -33,29 +33,25 @@ TTL_S = 3.0
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory):
-    from bench.sites.delay_proxy import DelayProxy
-    from bench.common.stack import StackProcess, write_config
+    from bench.common.stack import StackProcess
+    from bench.sites.site_mesh import delay_mesh, site_config
     from common.processes import free_ports
 
     ports = dict(zip("ab", free_ports(2)))
-    proxies = {(src, dst): DelayProxy(ports[dst], DELAY_S).start() for src, dst in (("a", "b"), ("b", "a"))}
+    proxies = delay_mesh(ports, lambda src, dst: DELAY_S)
     stacks = {}
-    for name, other in (("a", "b"), ("b", "a")):
+    for name in "ab":
         workdir = tmp_path_factory.mktemp(f"site-{name}")
         (workdir / "site_token").write_text(TOKEN)
         # Lookups from one token, so that short answers are drafted too.
         spec = {"speculation": {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}}
-        decode = {"replicas": 1, **(spec if name == "b" else {})}
-        stacks[name] = StackProcess(write_config(
-            workdir, colocated=True, decode=decode, serve={"port": ports[name],
-                                                                     "api_keys": {hash_key(KEY): "tenant-s"}},
-            admission={"capacity_per_replica": 1 if name == "a" else 4, "max_queue_per_tenant": 8},
-            sites={"name": name, "peers": [{"name": other, "url": proxies[(name, other)].url}],
-                   "token_file": str(workdir / "site_token"), "probe_s": 0.5, "map_ttl_s": TTL_S,
-                   # The probes cross a Python delay proxy on a loaded 2-core machine: their
-                   # round trip can pass the default 80 ms "near" bound; these tests are about
-                   # forwarding, not the bound (unit-tested in test_site_select.py).
-                   "select": {"near_max_rtt_s": 1.0}}))
+        stacks[name] = StackProcess(site_config(
+            workdir, name, ports, proxies, 1 if name == "a" else 4, 8, workdir / "site_token",
+            decode=spec if name == "b" else {}, serve={"api_keys": {hash_key(KEY): "tenant-s"}},
+            # The probes cross a Python delay proxy on a loaded 2-core machine: their round trip
+            # can pass the default 80 ms "near" bound; these tests are about forwarding, not the
+            # bound (unit-tested in test_site_select.py).
+            sites={"map_ttl_s": TTL_S, "select": {"near_max_rtt_s": 1.0}}))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda s: s.start(), stacks.values()))
     yield stacks, proxies
