@@ -98,14 +98,17 @@ def counts(attempts: list[Attempt]) -> dict[str, int]:
     return out
 
 
-def _windows(done: list[float], fault_at: float, end: float, before_s: float, window_s: float,
+def _before(done: list[float], fault_at: float, before_s: float) -> float:
+    """Goodput (answers ended per second, `done`) over the `before_s` before `fault_at`."""
+    return sum(1 for t in done if fault_at - before_s <= t < fault_at) / before_s
+
+
+def _windows(done: list[float], fault_at: float, end: float, before: float, window_s: float,
              share: float, step_s: float):
     """(t, good) for each `window_s` window from `fault_at` that ends by `end`, stepped `step_s`:
-    good when its goodput is at least `share` of the mean over the `before_s` before the fault.
-    Yields nothing when nothing ended in those `before_s`."""
-    before = sum(1 for t in done if fault_at - before_s <= t < fault_at) / before_s
+    good when its goodput is at least `share` of `before`."""
     t = fault_at
-    while before > 0 and t + window_s <= end:
+    while t + window_s <= end:
         yield t, sum(1 for d in done if t <= d < t + window_s) / window_s >= share * before
         t += step_s
 
@@ -115,7 +118,10 @@ def goodput_back_s(done: list[float], fault_at: float, end: float, before_s: flo
     """Seconds after `fault_at` until goodput (answers ended per second, `done`) over a `window_s`
     window is back to `share` of its mean over the `before_s` before the fault; None if it never
     is by `end`. 0.0 when it never dropped below that."""
-    windows = _windows(done, fault_at, end, before_s, window_s, share, step_s)
+    before = _before(done, fault_at, before_s)
+    if before == 0:
+        return None
+    windows = _windows(done, fault_at, end, before, window_s, share, step_s)
     return next((round(t - fault_at, 2) for t, good in windows if good), None)
 
 
@@ -125,10 +131,12 @@ def goodput_settled_s(done: list[float], fault_at: float, until: float, before_s
     traffic's last send) stays at `share` of its mean over the `before_s` before the fault: the end
     of the last dip, where `goodput_back_s` gives the end of the first (a fault whose effect
     starts late, a lost site whose load its peer takes on, dips after a first good window).
-    0.0 when it never dropped below; None when it is below in the last window, or nothing ended
-    before the fault."""
-    settled = None
-    for t, good in _windows(done, fault_at, until, before_s, window_s, share, step_s):
+    0.0 when it never dropped below; None when it is below in the last window."""
+    before = _before(done, fault_at, before_s)
+    if before == 0:
+        return None
+    settled = fault_at
+    for t, good in _windows(done, fault_at, until, before, window_s, share, step_s):
         if not good:
             settled = None
         elif settled is None:
