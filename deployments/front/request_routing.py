@@ -79,32 +79,6 @@ class _State:
     work: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-# Places a session that has no live pin, atomically, so that fronts placing a burst of
-# sessions at once each see the ones placed before: takes a ticket from the pool's counter
-# (KEYS[1]), drops the sessions whose pins expired (score below ARGV[2], the oldest live one)
-# from each replica's set (KEYS[2..], in replica order) and counts the rest, and adds the
-# session (ARGV[1], score ARGV[3], set TTL ARGV[4] ms) to the
-# replica with the fewest, ties in turn by ticket: the rule of BatonPolicy._cold_choice, which
-# then makes the choice itself among the replicas under the overload bound. Returns the ticket,
-# the 0-based index of the replica it went to, and the counts before it.
-_PLACE = """
-local ticket = redis.call('INCR', KEYS[1])
-local n = #KEYS - 1
-local out, best, best_key = {ticket, 0}, nil, nil
-for i = 1, n do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', '(' .. ARGV[2])
-  local c = redis.call('ZCARD', KEYS[i + 1])
-  out[i + 2] = c
-  local key = c * n + ((i - 1 - ticket) % n)
-  if best_key == nil or key < best_key then best, best_key = i, key end
-end
-redis.call('ZADD', KEYS[best + 1], ARGV[3], ARGV[1])
-redis.call('PEXPIRE', KEYS[best + 1], ARGV[4])
-out[2] = best - 1
-return out
-"""
-
-
 class RequestRouting:
     def __init__(self, cfg: BatonConfig, redis_client, metrics: IngressMetrics, front: str = "front"):
         self.cfg = cfg
@@ -122,7 +96,7 @@ class RequestRouting:
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         self.metrics = metrics
         self._pending: set[asyncio.Future] = set()
-        self._place = redis_client.register_script(_PLACE) if redis_client is not None else None
+        self._place = redis_client.register_script(redis_state.PLACE) if redis_client is not None else None
         # The index in this front's memory, kept by the indexer's feed (index_feed.py).
         self.local = LocalIndex(redis_client) if redis_client is not None and cfg.routing.local_index else None
         self.view = SharedView(redis_client, self.registry, cfg.routing.shared_state_ms / 1000,
@@ -130,6 +104,7 @@ class RequestRouting:
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
         self._order = asyncio.Lock()
         self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/prefix/hash_memo.py)
+        self._derived: dict[str, tuple] = {}  # pool -> (live replicas, names, per-replica load inputs): _statics
 
     def _cap(self, blocks: int, prompt_len: int) -> int:
         # vLLM always computes the last prompt token itself.
@@ -164,7 +139,7 @@ class RequestRouting:
 
     async def _read_placement(self, state: _State, session: str, now: float) -> None:
         """For each pool where `session` has no live pin (a new session, or its replica left):
-        reserves it a place among the pool's live replicas (`_PLACE`) and records in `state`
+        reserves it a place among the pool's live replicas (`redis_state.PLACE`) and records in `state`
         the live sessions each held before, the ticket and the reservation. Changes Redis: the
         pool's ticket counter, and the reserved replica's session set, which `_write_pins`
         corrects when the policy chooses another replica."""
@@ -186,32 +161,50 @@ class RequestRouting:
         match = state.snap.match(req.block_hashes) if match is None else match
         if not live:
             return None
-        names = sorted(live)
         if self.cfg.routing.policy in ("round_robin", "least_loaded"):  # peers for benchmarks
+            names = sorted(live)
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
                 choice = min(names, key=lambda n: (self._load(pool, n, state),
                                                    (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", match.get(choice, 0))
-        bs = self.bs
-        # Seconds per token loaded from the store: the store's and the wire's speed, in any pool.
-        store_rate = mean_rate((e for p in POOLS for e in state.live[p].values()), "load_s_per_token")
-        pool_rate = median_rate(live.values(), "prefill_s_per_token") * bs  # routing/policy/rates.py
-        # Nothing waits where no front has a request in flight: a beat that still shows one waiting
-        # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
-        running = {n: self._load(pool, n, state) for n in names}
-        loads = {n: ReplicaLoad(running=running[n],
-                                capacity=max(1, live[n].get("kv_blocks") or live[n].get("capacity_blocks", 1)),
-                                free_kv_blocks=int(live[n].get("kv_empty_blocks", live[n].get("kv_free_blocks", 0))),
-                                oldest_wait_s=self._wait(live[n], now) if running[n] else 0.0,
-                                sessions=state.sessions.get(pool, {}).get(n, 0),
-                                queued_prefill_blocks=max(self.work[pool][n], state.work.get(pool, {}).get(n, 0.0)),
-                                prefill_s_per_block=pool_rate,
-                                load_s_per_block=float(live[n].get("load_s_per_token") or store_rate) * bs)
-                 for n in names}
+        names, base = self._statics(pool, state.live)
+        work, seen = self.work[pool], state.work.get(pool, {})
+        sessions = state.sessions.get(pool, {})
+        loads = {}
+        for n in names:
+            running = self._load(pool, n, state)
+            capacity, free, prefill_rate, load_rate = base[n]
+            # Nothing waits where no front has a request in flight: a beat that still shows one waiting
+            # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
+            loads[n] = ReplicaLoad(running=running, capacity=capacity, free_kv_blocks=free,
+                                   oldest_wait_s=self._wait(live[n], now) if running else 0.0,
+                                   sessions=sessions.get(n, 0),
+                                   queued_prefill_blocks=max(work[n], seen.get(n, 0.0)),
+                                   prefill_s_per_block=prefill_rate, load_s_per_block=load_rate)
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
         return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool), match)
+
+    def _statics(self, pool: str, live: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, tuple]]:
+        """`pool`'s replicas in name order, and per replica what its load takes from the registry:
+        (capacity, free KV blocks, seconds per block computed, per block loaded). Derived once per
+        `live` (shared_view.py hands out the same dicts until the view or a replica's liveness
+        changes), not per decision: at 64 replicas it was a tenth of one."""
+        cached = self._derived.get(pool)
+        if cached is not None and cached[0] is live:
+            return cached[1], cached[2]
+        entries, bs = live[pool], self.bs
+        # Seconds per token loaded from the store: the store's and the wire's speed, in any pool.
+        store_rate = mean_rate((e for p in POOLS for e in live[p].values()), "load_s_per_token")
+        pool_rate = median_rate(entries.values(), "prefill_s_per_token") * bs  # routing/policy/rates.py
+        base = {n: (max(1, e.get("kv_blocks") or e.get("capacity_blocks", 1)),
+                    int(e.get("kv_empty_blocks", e.get("kv_free_blocks", 0))),
+                    pool_rate, float(e.get("load_s_per_token") or store_rate) * bs)
+                for n, e in entries.items()}
+        names = sorted(entries)
+        self._derived[pool] = (live, names, base)
+        return names, base
 
     def _load(self, pool: str, replica: str, state: _State) -> int:
         """Requests on `replica`: what every live front had in flight there at this decision's

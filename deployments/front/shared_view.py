@@ -38,6 +38,7 @@ class SharedView:
         self._view: tuple | None = None  # (read at, registry entries, in flight, queued work)
         self._recounted = 0.0
         self._refreshing: asyncio.Future | None = None
+        self._live: tuple | None = None  # (view, valid from, valid until, live replicas per pool): `get`'s last answer
 
     def usable(self, now: float) -> bool:
         """Whether a decision at `now` may use the view without reading it inline."""
@@ -79,10 +80,24 @@ class SharedView:
     def get(self, redis, now: float) -> tuple[dict, dict, dict]:
         """(live replicas per pool, in flight per pool and replica, queued work per pool and replica)
         at `now`; starts a refresh beside the caller when the view is older than `max_age_s`."""
-        read_at, entries, inflight, work = self._view
+        view = self._view
+        read_at, entries, inflight, work = view
         if now - read_at >= self.max_age_s and self._refreshing is None:
             self._refreshing = asyncio.ensure_future(self._refresh(redis))
-        return {pool: self.registry.fresh(entries[pool], now) for pool in POOLS}, inflight, work
+        return self._fresh(view, entries, now), inflight, work
+
+    def _fresh(self, view: tuple, entries: dict, now: float) -> dict:
+        """The live replicas per pool at `now`. The same dicts, not copies, until the view changes or
+        a heartbeat in it ages out (or `now` goes back), so a caller may key what it derives from
+        them on their identity (request_routing's per-pool loads)."""
+        cached = self._live
+        if cached is not None and cached[0] is view and cached[1] <= now <= cached[2]:
+            return cached[3]
+        live = {pool: self.registry.fresh(entries[pool], now) for pool in POOLS}
+        timeout = self.registry.timeout_s
+        expiry = min((e["ts"] + timeout for pool in POOLS for e in live[pool].values()), default=float("inf"))
+        self._live = (view, now, expiry, live)
+        return live
 
     async def _refresh(self, redis) -> None:
         """Reads the view again; keeps the old one if Redis fails."""

@@ -25,9 +25,12 @@ class RoutingRequest:
     expected_decode_tokens: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ReplicaLoad:
     """Load of one candidate replica as reported by it (or tracked by the router).
+
+    Not frozen, unlike its neighbours: a front builds one per replica per decision, and a frozen
+    dataclass's __init__ took 105 us of a 64-replica decision (slots: 34 us). Nothing changes one.
 
     ``pending_blocks`` is optional finer-grained work in flight: prefill
     blocks still to compute plus remaining decode tokens / block size. Engines

@@ -75,12 +75,12 @@ def pack_tokens(token_ids: Sequence[int], n: int) -> bytes:
 
 def sha256_packed(packed: bytes | memoryview, block_size: int, salt: str | None, parent: int | None) -> list[int]:
     """`hash_blocks` with sha256 over tokens already packed (`pack_tokens`), one hash per full block."""
-    salt_part = b"S" + (salt.encode("utf-8") if salt is not None else b"-")
+    salt_t = b"S" + (salt.encode("utf-8") if salt is not None else b"-") + b"T"
     width = 8 * block_size
-    sha, pack, out = hashlib.sha256, struct.Struct("<Q").pack, []
-    prev = b"P" + (pack(parent) if parent is not None else b"-")
-    for i in range(len(packed) // width):
-        digest = sha(prev + salt_part + b"T" + packed[i * width:(i + 1) * width]).digest()
-        out.append(int.from_bytes(digest[:8], "little"))
-        prev = b"P" + digest[:8]
+    sha, from_bytes, out = hashlib.sha256, int.from_bytes, []
+    prev = b"P" + (struct.pack("<Q", parent) if parent is not None else b"-")
+    for i in range(0, len(packed) // width * width, width):
+        digest = sha(prev + salt_t + packed[i:i + width]).digest()[:8]
+        out.append(from_bytes(digest, "little"))
+        prev = b"P" + digest
     return out

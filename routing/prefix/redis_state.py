@@ -202,6 +202,33 @@ def sum_key(counts_key: str) -> str:
     return f"{counts_key}:sum"
 
 
+# Places a session that has no live pin, atomically, so that fronts placing a burst of
+# sessions at once each see the ones placed before: takes a ticket from the pool's counter
+# (KEYS[1]), drops the sessions whose pins expired (score below ARGV[2], the oldest live one)
+# from each replica's set (KEYS[2..], in replica order) and counts the rest, and adds the
+# session (ARGV[1], score ARGV[3], set TTL ARGV[4] ms) to the replica with the fewest, ties in
+# turn by ticket: the rule of BatonPolicy._cold_choice (routing/policy/policy.py), which then
+# makes the choice itself among the replicas under the overload bound. Returns the ticket, the
+# 0-based index of the replica it went to, and the counts before it. A front's decision runs it
+# (deployments/front/request_routing.py).
+PLACE = """
+local ticket = redis.call('INCR', KEYS[1])
+local n = #KEYS - 1
+local out, best, best_key = {ticket, 0}, nil, nil
+for i = 1, n do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', '(' .. ARGV[2])
+  local c = redis.call('ZCARD', KEYS[i + 1])
+  out[i + 2] = c
+  local key = c * n + ((i - 1 - ticket) % n)
+  if best_key == nil or key < best_key then best, best_key = i, key end
+end
+redis.call('ZADD', KEYS[best + 1], ARGV[3], ARGV[1])
+redis.call('PEXPIRE', KEYS[best + 1], ARGV[4])
+out[2] = best - 1
+return out
+"""
+
+
 # Rebuilds a sum hash from its fields: KEYS[1] the decode registry (every front is a decode
 # replica), KEYS[2] the fields hash, KEYS[3] its sum hash; ARGV[1] now, ARGV[2] the heartbeat
 # timeout. Drops the fields of fronts whose heartbeat is older (a dead front cannot take its

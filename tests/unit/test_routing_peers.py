@@ -57,15 +57,17 @@ def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
     """A cold prompt draws two replicas plus one whose engine reports more than half its KV
     free, and takes the least loaded of them: with loads a=c=2 and b=0 the draw holds b only
     when b is the cold one, so every choice is b once b reports its KV free."""
-    live = {"decode": {n: {"kv_blocks": 100, "kv_free_blocks": 10} for n in "abc"}, "prefill": {}}
-    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None},
-                   {"decode": {"a": 2, "c": 2}, "prefill": {}})
+    def state(b_free: int) -> _State:  # a new heartbeat is a new view: new dicts (shared_view.py)
+        live = {"decode": {n: {"kv_blocks": 100, "kv_free_blocks": b_free if n == "b" else 10} for n in "abc"},
+                "prefill": {}}
+        return _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None},
+                      {"decode": {"a": 2, "c": 2}, "prefill": {}})
     routing = _routing("baton")
-    live["decode"]["b"]["kv_free_blocks"] = 90
-    picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(20)}
+    cold = state(90)
+    picks = {routing._choose("decode", RoutingRequest(()), cold, 0.0).replica for _ in range(20)}
     assert picks == {"b"}
-    live["decode"]["b"]["kv_free_blocks"] = 10  # nobody cold: the two-choice draw sometimes misses b
-    picks = {routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(40)}
+    warm = state(10)  # nobody cold: the two-choice draw sometimes misses b
+    picks = {routing._choose("decode", RoutingRequest(()), warm, 0.0).replica for _ in range(40)}
     assert picks != {"b"}
 
 
