@@ -56,9 +56,10 @@ class Rates:
             raise ValueError("prefill_s_per_block must be > 0 and load_s_per_block >= 0")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Cost:
-    """One candidate's predicted cost for one request, by part (seconds)."""
+    """One candidate's predicted cost for one request, by part (seconds). Not frozen: the policy
+    prices every candidate per decision, and a frozen __init__ is three times a slotted one's."""
 
     queue_s: float
     prefill_s: float
@@ -79,10 +80,18 @@ class Cost:
         return self.ttft_s + self.others_s
 
 
-def rates_of(load: ReplicaLoad, default: Rates) -> Rates:
-    """The replica's own measured rates where it reports them, else ``default``'s."""
-    return Rates(load.prefill_s_per_block if load.prefill_s_per_block > 0 else default.prefill_s_per_block,
-                 load.load_s_per_block if load.load_s_per_block > 0 else default.load_s_per_block)
+def rates_of(load: ReplicaLoad, default: Rates, seen: dict | None = None) -> Rates:
+    """The replica's own measured rates where it reports them, else ``default``'s. ``seen``: Rates
+    already made in this decision, by their two figures (a pool's replicas mostly share them);
+    changes ``seen`` only."""
+    key = (load.prefill_s_per_block, load.load_s_per_block)
+    rates = seen.get(key) if seen is not None else None
+    if rates is None:
+        rates = Rates(key[0] if key[0] > 0 else default.prefill_s_per_block,
+                      key[1] if key[1] > 0 else default.load_s_per_block)
+        if seen is not None:
+            seen[key] = rates
+    return rates
 
 
 def queued_blocks(load: ReplicaLoad) -> float:

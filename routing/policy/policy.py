@@ -182,9 +182,11 @@ class BatonPolicy:
         )
         tier = match.get(cfg.shared_tier, 0) if cfg.shared_tier is not None else 0
 
+        seen: dict = {}
+
         def cost(n: str) -> Cost:
             return price(len(request.block_hashes), held[n], popular, tier, loads[n],
-                         rates_of(loads[n], cfg.default_rates), cfg.recompute_weight)
+                         rates_of(loads[n], cfg.default_rates, seen), cfg.recompute_weight)
 
         if request.session is not None:
             pinned = pins.get(request.session, now)
