@@ -351,6 +351,38 @@ def test_placement_drops_sessions_whose_pins_expired(clients):
     assert sync.zrange(redis_state.sessions_key("decode", "d1"), 0, -1) == [b"new"]
 
 
+def test_every_replicas_set_is_swept_of_expired_sessions_within_n_placements(clients):
+    """The placement script counts only live sessions everywhere but removes expired ones from the
+    set the session joins and from one more in turn: after as many placements as replicas, no set
+    holds an expired session, even one that no new session joined."""
+    import time
+
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = REDIS_READS
+    names = ("d1", "d2", "d3")
+    for name in names:
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    now = time.time()
+    for name in names:
+        sync.zadd(redis_state.sessions_key("decode", name), {f"gone-{name}": now - 2 * cfg.routing.pin_ttl_s})
+    # d3 is full of live sessions, so no new session joins it: only the turn sweeps it.
+    sync.zadd(redis_state.sessions_key("decode", "d3"), {f"live-{i}": now for i in range(10)})
+
+    async def place(client):
+        routing = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        chosen = [(await routing.route(list(range(10)), "t", f"new-{i}")).decode_replica for i in range(3)]
+        await asyncio.gather(*routing._pending)
+        return chosen
+
+    assert "d3" not in run(aio, place)
+    for name in names:
+        members = {m.decode() for m in sync.zrange(redis_state.sessions_key("decode", name), 0, -1)}
+        assert f"gone-{name}" not in members, name
+
+
 def test_sums_follow_the_fronts_fields_and_a_recount_repairs_them(clients):
     """Each front adds its changes to the replicas' sums (what a routing read takes); RECOUNT
     rebuilds them from live fronts' fields, dropping a dead front's and undoing a lost increment."""
