@@ -211,8 +211,8 @@ def sum_key(counts_key: str) -> str:
 # makes the choice itself among the replicas under the overload bound. Expired sessions leave the
 # set the session joins and one more set in turn by ticket, so every set is swept once in n
 # placements (sweeping all n each time doubled the script's Redis time at 64 replicas). Returns
-# the ticket, the 0-based index of the replica it went to, and the counts before it. A front's decision runs it
-# (deployments/front/request_routing.py).
+# the ticket, the 0-based index of the replica it went to, and the counts before it. A front's
+# decision runs it (deployments/front/request_routing.py).
 PLACE = """
 local ticket = redis.call('INCR', KEYS[1])
 local n = #KEYS - 1
