@@ -4,8 +4,11 @@ on a real Redis server: bursts spread evenly, expired sessions neither count nor
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
+from deployments.front.metrics import IngressMetrics
+from deployments.front.request_routing import RequestRouting
 from routing.prefix import redis_state
 from routing.prefix.redis_state import Registry
 from tests.unit.test_redis_state import REDIS_READS, clients, run  # noqa: F401 - clients is a fixture
@@ -15,10 +18,6 @@ def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
     """Two fronts place 8 new sessions at once (every read sees the same counts): the shared
     ticket makes them take turns, 4 and 4. Each replica's set counts its sessions; a re-pin
     moves the session from one set to the other, and later turns do not count twice."""
-    from common.config import BatonConfig
-    from deployments.front.metrics import IngressMetrics
-    from deployments.front.request_routing import RequestRouting
-
     sync, aio = clients
     cfg = REDIS_READS
     for name in ("d1", "d2"):
@@ -64,12 +63,6 @@ def test_fronts_placing_a_burst_of_new_sessions_spread_them_evenly(clients):
 def test_placement_drops_sessions_whose_pins_expired(clients):
     """A replica's set still holds a session routed there longer ago than the pin TTL: the
     placement script drops it and does not count it, so the new session goes there."""
-    import time
-
-    from common.config import BatonConfig
-    from deployments.front.metrics import IngressMetrics
-    from deployments.front.request_routing import RequestRouting
-
     sync, aio = clients
     cfg = REDIS_READS
     for name in ("d1", "d2"):
@@ -92,11 +85,6 @@ def test_every_replicas_set_is_swept_of_expired_sessions_within_n_placements(cli
     """The placement script counts only live sessions everywhere but removes expired ones from the
     set the session joins and from one more in turn: after as many placements as replicas, no set
     holds an expired session, even one that no new session joined."""
-    import time
-
-    from deployments.front.metrics import IngressMetrics
-    from deployments.front.request_routing import RequestRouting
-
     sync, aio = clients
     cfg = REDIS_READS
     names = ("d1", "d2", "d3")
