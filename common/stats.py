@@ -18,3 +18,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def latency_summary(ns: Sequence[int]) -> dict:
+    """n, p50/p99/max in ms of nanosecond durations ({"n": 0} for none). Pure."""
+    if not ns:
+        return {"n": 0}
+    ms = sorted(x / 1e6 for x in ns)
+    return {"n": len(ms), "p50_ms": round(percentile(ms, 50), 4), "p99_ms": round(percentile(ms, 99), 4),
+            "max_ms": round(ms[-1], 3)}

@@ -14,7 +14,8 @@ Two figures, each on the real code and a real redis-server (started here, on
    (replica, front) pair, ``sessions`` pinned sessions, every tenant's system
    prompt indexed on every replica and active conversations on their pinned one.
    Half the decisions are a pinned session's next turn, half a new session.
-   ``redis_cmds_per_decision``: INFO's commands delta (a script's count too).
+   ``redis_cmds_per_decision``: INFO's commands delta (a script's count too);
+   ``redis_cpu_us_per_decision``: Redis's own CPU time (INFO cpu) per decision.
    ``with_redis_index``: the same with ``routing.local_index: false``.
 2. ``indexer``: ``engines`` simulated engines publish vLLM KV events through
    vLLM's own ``ZmqEventPublisher`` (one per engine, topic = replica, with a
@@ -30,7 +31,8 @@ Two figures, each on the real code and a real redis-server (started here, on
    last block until the index names the engine: ``lag_*_ms`` is from the
    batch's publish call to that, so it includes up to ~1 ms of polling.
    ``unseen`` probes never became visible; ``dropped`` sums the indexer's
-   dropped events, gaps and resyncs.
+   dropped events, gaps and resyncs. ``redis_cpu_share``, ``indexer_cpu_share``: Redis's and the
+   indexer's CPU time over the run, as shares of one core (Redis's with the probes' reads).
 
     python -m bench.scale.scale_control --decisions 5000 --seconds 10
 """
@@ -52,7 +54,7 @@ from pathlib import Path
 from actors.sim.profile import GpuProfile
 from common.config import BatonConfig
 from common.processes import free_ports, redis_process
-from common.stats import percentile
+from common.stats import latency_summary, percentile
 from routing.prefix import redis_state
 from routing.prefix.block_hash import hash_blocks
 
@@ -77,15 +79,6 @@ def engine_rates(profile: GpuProfile, busy: float = 0.7, new_tokens: int = 1024,
     return {"requests_per_s": round(requests, 2), "step_ms": round(step_s * 1000, 2),
             "blocks_per_s": round(requests * (new_tokens + output_tokens) / profile.block_size, 1),
             "full_prefill_blocks_per_s": round(full / profile.block_size, 1)}
-
-
-def summary(ns: list[int]) -> dict:
-    """p50/p99/max in ms of nanosecond durations. Pure."""
-    if not ns:
-        return {"n": 0}
-    ms = sorted(x / 1e6 for x in ns)
-    return {"n": len(ms), "p50_ms": round(percentile(ms, 50), 4), "p99_ms": round(percentile(ms, 99), 4),
-            "max_ms": round(ms[-1], 3)}
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -159,8 +152,10 @@ def _seed_prompts(client, names: list[str], sessions: int, bs: int, rng: random.
     return pinned, fresh
 
 
-def _commands(client) -> int:
-    return int(client.info("stats")["total_commands_processed"])
+def _usage(client) -> tuple[int, float]:
+    """(commands processed, CPU seconds used) by the Redis server so far, from INFO."""
+    info = client.info()
+    return int(info["total_commands_processed"]), float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def _decide(routing, items: list, n: int, progress: bool, start: int = 0) -> dict:
@@ -204,19 +199,20 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
             await asyncio.sleep(0.05)  # the front's copy of the index loads from Redis (index_feed.py)
         loaded[0] = time.monotonic() - t0
         routing._place = counted
-        before = _commands(sync)
+        before = _usage(sync)
         lat = await _decide(routing, items, decisions, progress, WARMUP)
-        cmds = _commands(sync) - before - 1
+        after = _usage(sync)
         await client.aclose()
-        return lat, cmds
-    lat, cmds = asyncio.run(go())
+        return lat, (after[0] - before[0] - 1, after[1] - before[1])
+    lat, (cmds, cpu_s) = asyncio.run(go())
     both = lat["pinned"] + lat["new"]
-    s = summary(both)
+    s = latency_summary(both)
     return {"replicas": len(names), "decisions": len(both), "local_index": cfg.routing.local_index,
             "local_index_load_s": round(loaded[0], 2) if cfg.routing.local_index else None,
             "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "max_ms": s["max_ms"],
-            "pinned": summary(lat["pinned"]), "new_session": summary(lat["new"]),
+            "pinned": latency_summary(lat["pinned"]), "new_session": latency_summary(lat["new"]),
             "redis_cmds_per_decision": round(cmds / len(both), 1),
+            "redis_cpu_us_per_decision": round(cpu_s * 1e6 / len(both), 1),
             "round_trips_per_decision": round(1 + places[0] / len(both), 2),
             "prompt_blocks_mean": round(sum(len(i[1]) // cfg.model.block_size for i in items) / len(items), 1)}
 
@@ -336,8 +332,10 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
     out = ctx.Queue()
     child = ctx.Process(target=_publisher_main, args=(spec, out), daemon=True)
     child.start()
+    before, cpu0 = _usage(sync), time.process_time()  # this process's CPU: the indexer's thread
     try:
         res = out.get(timeout=seconds + 120)
+        redis_s, indexer_s = _usage(sync)[1] - before[1], time.process_time() - cpu0
     finally:
         child.join(30)
         if child.is_alive():
@@ -355,7 +353,9 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
             "lag_p50_ms": round(percentile(lags, 50), 2) if lags else None,
             "lag_p99_ms": round(percentile(lags, 99), 2) if lags else None,
             "lag_max_ms": round(lags[-1], 2) if lags else None,
-            "dropped": totals["dropped_events"] + totals["gaps"] + totals["resyncs"], "indexer_totals": totals}
+            "dropped": totals["dropped_events"] + totals["gaps"] + totals["resyncs"], "indexer_totals": totals,
+            "redis_cpu_share": round(redis_s / res["seconds"], 3),
+            "indexer_cpu_share": round(indexer_s / res["seconds"], 3)}
 
 
 def run(replicas: int = 64, sessions: int = 10_000, decisions: int = 20_000, seconds: float = 20.0,

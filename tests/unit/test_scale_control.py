@@ -1,11 +1,12 @@
-"""Pure helpers of bench/scale/scale_control.py: the engines' event rate and the latency summary."""
+"""Pure helpers of bench/scale/scale_control.py: the engines' event rate and the latency summary (common/stats.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from actors.sim.profile import GpuProfile
-from bench.scale.scale_control import engine_rates, summary
+from bench.scale.scale_control import engine_rates
+from common.stats import latency_summary
 
 
 def test_engine_rates_follow_the_profile():
@@ -24,7 +25,7 @@ def test_engine_rates_scale_with_busy_share():
 
 
 def test_summary_in_ms():
-    s = summary([1_000_000] * 99 + [10_000_000])
+    s = latency_summary([1_000_000] * 99 + [10_000_000])
     assert s["n"] == 100 and s["p50_ms"] == 1.0 and s["max_ms"] == 10.0
     assert 1.0 < s["p99_ms"] <= 10.0
-    assert summary([]) == {"n": 0}
+    assert latency_summary([]) == {"n": 0}
