@@ -70,6 +70,26 @@ def test_snapshot_matches_the_in_memory_index(clients):
     assert run(aio, lambda c: snapshot(c, query)).match(query) == {"a": 1, "c": 1}
 
 
+def test_a_long_chain_is_stored_whole_in_one_call(clients):
+    """The store script adds a replica's blocks to its set in chunks of 1,000 (Lua's unpack has a
+    limit): a 2,500-block chain is held, chained and counted whole, in its one script call."""
+    sync, _ = clients
+    chain = list(range(10_000, 12_500))
+    sync.config_resetstat()
+    RedisIndex(sync).apply_stored("a", chain, 7)
+    stats = sync.info("commandstats")
+    # one script call (redis-py loads the script on its first); inside it, a holder and a parent link
+    # per block, and the replica's set in 3 chunks
+    assert stats["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"].get("failed_calls", 0) == 1
+    assert stats["cmdstat_sadd"]["calls"] == 2500 + 2500 + 3
+    ref = PrefixIndex()
+    ref.apply_stored("a", chain, 7)
+    ix = RedisIndex(sync)
+    assert ix.num_blocks("a") == ref.num_blocks("a") == 2500
+    assert ix.match(chain) == ref.match(chain) == {"a": 2500}
+    assert [ix.fanout(h) for h in (7, 10_000, 12_498, 12_499)] == [ref.fanout(h) for h in (7, 10_000, 12_498, 12_499)]
+
+
 def random_op(rng: random.Random, clears=("apply_cleared", "remove_replica"), p=(0.5, 0.85)) -> tuple:
     """One seeded index update: a store (with or without a parent), a removal (held or not) or a
     clear, on replica a, b or c of blocks 0-19."""
