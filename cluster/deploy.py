@@ -312,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     source = path or "<defaults>"
     try:
         cfg = load_config(path)
+        if cfg.serve.ingress != "direct":
+            raise ConfigError(f"serve.ingress in {source}: `haproxy` is run by `baton up` on its one node; on a "
+                              "cluster the decode replicas serve serve.port themselves (`direct`), behind your "
+                              "load balancer")
         summary = plan(cfg, path)
     except ConfigError as exc:
         print(f"baton deploy: {exc}", file=sys.stderr)

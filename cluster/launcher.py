@@ -1,8 +1,9 @@
 """The embedded local stack behind `baton up`.
 
 Starts, in order: the default model (generated if absent), Redis, the Mooncake
-master and store, a Ray head (in this process, so it dies with it), Serve's
-HTTP proxy and the Baton app. `down()` stops all of it in reverse, by PID,
+master and store, HAProxy on the public port if `serve.ingress` asks for it
+(cluster/ingress.py), a Ray head (in this process, so it dies with it) and the
+Baton app on Serve. `down()` stops all of it in reverse, by PID,
 and touches nothing it did not start.
 """
 
@@ -16,11 +17,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cluster import default_model, loopback
+from cluster import default_model, ingress, loopback
 from common import core_fence, engine_threads
 from common.config import BatonConfig
 from common.listeners import is_loopback
-from common.processes import ManagedProcess, redis_process
+from common.processes import ManagedProcess, free_ports, redis_process
 from cluster.rollout import rollout
 from cluster.warmup_server import WarmupServer
 from common.constants import RAY_NAMESPACE
@@ -41,7 +42,7 @@ class LocalStack:
         self.config_path = config_source if Path(config_source).is_file() else None
         self.state_dir = cfg.state_path()
         self.log_dir = self.state_dir / "logs"
-        self.progress = progress or Progress(total=7)
+        self.progress = progress or Progress(total=8)
         self.children: list[ManagedProcess] = []
         self.ray_started = False
         self._restarted: dict[str, float] = {}
@@ -76,6 +77,15 @@ class LocalStack:
             self._spawn(proc)
         return mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")
 
+    def _ingress(self) -> None:
+        """HAProxy on the public port, the replicas' fronts behind it on a loopback port (picked here
+        unless `serve.front_port` names one); the replicas read that port from this config."""
+        s = self.cfg.serve
+        if not s.front_port:
+            s.front_port = free_ports(1)[0]
+        self._spawn(ingress.haproxy_process(s.host, s.port, s.front_port, s.request_timeout_s,
+                                            self.state_dir, self.log_dir / "haproxy.log"))
+
     def _ray(self) -> None:
         import ray
 
@@ -108,9 +118,9 @@ class LocalStack:
         from cluster.deploy import app_policy, autoscaling_overrides, rewrite
         from deployments.app import build_app
 
-        # No Serve HTTP proxy: decode replicas serve the public port themselves.
+        # No Serve HTTP proxy: the decode replicas' fronts take the requests (on the public port, or behind HAProxy).
         serve.start(proxy_location="Disabled")
-        warmup = WarmupServer(self.cfg.serve.host, self.cfg.serve.port).start()
+        warmup = WarmupServer(*self.cfg.serve.front_bind()).start()
         # Replicas that Ray starts after the fence (below) take back this process's CPUs first.
         env = {**self._loopback_env, **({} if self.cfg.ray.address else core_fence.cpus_env())}
         app = build_app(self.cfg, worker_cfg, env, self._threads())
@@ -158,6 +168,9 @@ class LocalStack:
                     self._redis()
             with p.step("mooncake master and store"):
                 worker_cfg = self._mooncake()
+            with p.step("ingress (HAProxy)" if self.cfg.serve.ingress == "haproxy" else "ingress (the replicas)"):
+                if self.cfg.serve.ingress == "haproxy":
+                    self._ingress()
             with p.step("ray head"):
                 self._ray()
             with p.step("serve app (prefill and decode engines)"):

@@ -9,8 +9,9 @@ and vLLM's OpenAI app (actors/openai_app.py) and serves:
   behind the Finisher, for requests another replica's front forwards here,
   plus `POST /baton/prefill` on prefill replicas;
 - on decode and colocated replicas, the public front (deployments/front/front.py)
-  on `serve.host:serve.port`, bound with SO_REUSEPORT so every replica of a
-  node shares it.
+  on `serve.host:serve.port` (or, behind `baton up`'s HAProxy, on loopback
+  `serve.front_port`: cluster/ingress.py), bound with SO_REUSEPORT so every
+  replica of a node shares it.
 
 The replica's registry entry in Redis carries its internal URL; routers read
 it from there. The constructor returns only when both servers listen.
@@ -132,7 +133,7 @@ class EngineReplica:
         if front is not None:
             await self.leases.start()
             await self.keys.start()
-            self._serve(front, listen_socket(s.host, s.port, reuse_port=True), public=True)
+            self._serve(front, listen_socket(*s.front_bind(), reuse_port=True), public=True)
             front.sites.start()
             self.batch_runner.start()
         self.engine_load: dict = await self.engine.engine_load()

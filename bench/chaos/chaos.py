@@ -56,6 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "(its fault: site, bench/chaos/sites.py)")
     p.add_argument("--engine", choices=("cpu", "timed"), default="cpu",
                    help="real CPU engines, or the timed executor (colocated only: it moves no KV)")
+    p.add_argument("--ingress", choices=("direct", "haproxy"), default="direct",
+                   help="serve.ingress: the replicas on the public port, or HAProxy in front (cluster/ingress.py)")
     p.add_argument("--replicas", type=int, help="decode (or colocated) replicas: 2; 1 in a catalogue, and a site")
     p.add_argument("--faults", default=",".join(FAULTS),
                    help=f"comma-separated, of {','.join(FAULTS)} (kills), {','.join(FREEZES)} (SIGSTOP, "
@@ -107,7 +109,7 @@ def stack_config(args: argparse.Namespace, workdir: Path) -> Path:
     # a batch line whose front died runs again once its lease lapsed: 6 s, not 30, within a fault's run
     return write_config(workdir, colocated=args.layout != "disaggregated", tracing={"exporter": "none"},
                         model=model, decode=decode, routing={"heartbeat_s": 1, "replica_timeout_s": 3},
-                        batch={"lease_s": 6}, **extra)
+                        batch={"lease_s": 6}, serve={"ingress": args.ingress}, **extra)
 
 
 def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -> float:
@@ -231,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
     finally:
         (pair or stack).stop()
-    doc = {"bench": "chaos", "layout": args.layout, "engine": args.engine, "replicas": args.replicas,
+    doc = {"bench": "chaos", "layout": args.layout, "engine": args.engine, "ingress": args.ingress,
+           "replicas": args.replicas,
            "load": args.load, "deadline_s": args.deadline, "faults": runs}
     emit(doc, args.out, args.plot, plot)
     return 0

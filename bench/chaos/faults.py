@@ -7,9 +7,10 @@ a crash would:
   replacement, back when the pool has as many live replicas as before;
 - `indexer`: the KV indexer's actor (`ray.kill`, Ray's SIGKILL of an actor);
   Serve starts another, back when one is alive;
-- `redis`, `mooncake-master`, `mooncake-store`: the process `baton up`
-  started; its supervision starts another, back when state.json names a new
-  PID that accepts connections.
+- `redis`, `mooncake-master`, `mooncake-store`, and `ingress` (HAProxy, with
+  `serve.ingress: haproxy`): the process `baton up` started; its supervision
+  starts another, back when state.json names a new PID (Redis's and HAProxy's
+  accepting connections).
 
 `<name>:freeze` (a replica, the indexer or a process above) stops it with SIGSTOP
 instead, and SIGCONTs it `freeze_s` later, as a stalled machine or a long GC pause
@@ -33,7 +34,7 @@ from bench.common.stack import StackProcess
 from routing.prefix.redis_state import registry_key
 
 POOL_FAULTS = ("decode", "prefill")
-CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store")
+CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store", "ingress")
 FAULTS = (*POOL_FAULTS, "indexer", *CHILD_FAULTS)
 FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, "indexer", *CHILD_FAULTS))
 
@@ -95,6 +96,8 @@ class Fault:
         """Whether this stack has the component (a colocated stack has no prefill pool)."""
         if self.component in POOL_FAULTS:
             return bool(_live(self.stack, self.component))
+        if self.component in CHILD_FAULTS:
+            return any(self.component in name for name in _children(self.stack))
         return True
 
     def prepare(self) -> None:
@@ -167,7 +170,8 @@ class Fault:
                     return self.before in _live(s, c)
                 if c == "indexer":
                     return bool(_indexers(s))
-                return c != "redis" or _accepts(s.cfg["redis"]["url"])
+                url = {"redis": s.cfg["redis"]["url"], "ingress": s.url}.get(c)
+                return url is None or _accepts(url)
             if c in POOL_FAULTS:
                 live = _live(s, c)
                 return len(live) >= len(self.before) and live != self.before
@@ -176,7 +180,7 @@ class Fault:
                 return bool(now) and now != self.before
             name = _child_name(s, c)
             pid = _children(s)[name]
-            url = s.cfg["redis"]["url"] if c == "redis" else None
+            url = {"redis": s.cfg["redis"]["url"], "ingress": s.url}.get(c)
             return pid != self.before and (url is None or _accepts(url))
         except (OSError, RuntimeError, ValueError, StopIteration, KeyError):
             return False

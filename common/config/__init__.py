@@ -179,6 +179,12 @@ class MooncakeConfig(_Strict):
 class ServeConfig(_Strict):
     host: str = Field("127.0.0.1", description="HTTP bind address of the endpoint")
     port: int = Field(8000, gt=0, lt=65536, description="HTTP port of the endpoint")
+    ingress: Literal["direct", "haproxy"] = Field(
+        "direct", description="direct: each decode replica serves `host:port` itself (SO_REUSEPORT); haproxy: "
+        "`baton up` runs HAProxy there, which runs a request again on another replica when the one it reached "
+        "dies before answering a byte (cluster/ingress.py)")
+    front_port: int = Field(0, ge=0, lt=65536, description="with ingress haproxy: the loopback port the "
+                            "replicas' fronts share behind it; 0: a free one, picked at `baton up`")
     internal_host: str = Field(
         "127.0.0.1", description="address engine replicas bind their internal server on (other "
         "replicas forward to it); `auto`: the node's IP as Ray knows it, for clusters (firewall it, "
@@ -201,6 +207,10 @@ class ServeConfig(_Strict):
     anonymous_tenant: str = Field("default", min_length=1, description="tenant of requests without a key, when "
                                   "keys are not required")
     max_body_bytes: int = Field(16 * 2**20, gt=0, description="larger request bodies get a 413")
+
+    def front_bind(self) -> tuple[str, int]:
+        """Where the decode replicas' fronts listen: the public address, or loopback behind HAProxy."""
+        return ("127.0.0.1", self.front_port) if self.ingress == "haproxy" else (self.host, self.port)
 
     @field_validator("api_keys")
     @classmethod
@@ -273,6 +283,7 @@ class BatonConfig(_Strict):
         m = self.mooncake
         ports = {
             "serve.port": self.serve.port,
+            **({"serve.front_port": self.serve.front_port} if self.serve.front_port else {}),
             "mooncake.master_port": m.master_port,
             "mooncake.metadata_port": m.metadata_port,
             "mooncake.master_metrics_port": m.master_metrics_port,

@@ -64,11 +64,15 @@ async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers:
                     on_done: Callable[[Timing], None], on_first: Callable[[], None] | None = None) -> Timing:
     """Runs `app` on `body` in this process and streams its answer to `send`.
 
+    As in `run_remote`, the response's start (status and headers) is held until
+    its first body bytes, so a front that dies before them has sent nothing: an
+    ingress in front of it (cluster/ingress.py) may run the request elsewhere.
     `on_done` runs when `app` has produced its whole answer (generation ended).
     """
     timing = Timing(on_first)
     queue: asyncio.Queue = asyncio.Queue()
     sent = False
+    held: list[dict] = []  # the response's start, until its first body bytes
 
     async def first_receive():
         nonlocal sent
@@ -80,8 +84,14 @@ async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers:
     async def to_queue(message: dict) -> None:
         if message["type"] == "http.response.start":
             timing.status = message["status"]
-        elif message["type"] == "http.response.body":
+            held.append(message)
+            return
+        if message["type"] == "http.response.body":
             timing.body(message.get("body", b""))
+            if held and not message.get("body") and message.get("more_body", False):
+                return  # an empty chunk before the first bytes: nothing to send yet
+        while held:
+            queue.put_nowait(held.pop())
         queue.put_nowait(message)
 
     delivery = asyncio.create_task(_deliver(queue, send, extra_headers))
@@ -90,6 +100,8 @@ async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers:
     finally:
         timing.ended = time.monotonic()
         on_done(timing)
+        while held:  # an answer that ended with no body message
+            queue.put_nowait(held.pop())
         queue.put_nowait(None)
     await delivery
     return timing

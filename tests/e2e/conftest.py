@@ -77,10 +77,11 @@ def _stop_shared(s: StackProcess) -> None:
 
 
 def _start_colocated(workdir: Path) -> StackProcess:
-    """Baton colocated with two routed replicas (routing.colocated_router), keys required."""
+    """Baton colocated with two routed replicas (routing.colocated_router), keys required, behind
+    HAProxy (serve.ingress: every test on it goes through cluster/ingress.py's config)."""
     s = StackProcess(write_config(
         workdir, colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
-        serve={"api_keys": _KEYS, "require_api_key": True},
+        serve={"api_keys": _KEYS, "require_api_key": True, "ingress": "haproxy"},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16}))
     s.start()
     return s

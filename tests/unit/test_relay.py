@@ -85,3 +85,32 @@ def test_a_whole_answer_passes_through():
     assert raised is None
     assert b"".join(m.get("body", b"") for m in sent[1:]) == EVENT + b"data: [DONE]\n\n"
     assert len(done) == 1 and done[0].events == 2
+
+
+def test_a_local_answer_sends_its_headers_with_its_first_bytes_not_before():
+    """run_local holds the start as run_remote does: until the engine's first bytes, the
+    client (or an ingress that may retry elsewhere) has been sent nothing."""
+    first = asyncio.Event()
+    sent: list[tuple[str, bool]] = []
+
+    async def app(scope, receive, send):
+        assert (await receive())["body"] == b"{}"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": True})
+        await first.wait()
+        await send({"type": "http.response.body", "body": EVENT, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def send(message):
+        sent.append((message["type"], first.is_set()))
+
+    async def main():
+        task = asyncio.create_task(relay.run_local(app, {}, b"{}", None, send, [("x-a", "b")], lambda t: None))
+        await asyncio.sleep(0.05)
+        assert sent == []  # the start waits for the first bytes
+        first.set()
+        timing = await task
+        assert timing.status == 200 and timing.first_body is not None
+
+    asyncio.run(main())
+    assert sent == [("http.response.start", True), ("http.response.body", True), ("http.response.body", True)]
