@@ -16,6 +16,9 @@ fronts' own retries do. Not retried: other POSTs (a batch or file created twice
 would be a duplicate). A request body larger than `RETRY_BODY_BYTES` is
 forwarded but cannot be retried (HAProxy keeps a retryable request in one buffer).
 When no front listens (all replicas down), HAProxy answers an OpenAI-style 503.
+`option http-no-delay` sends each streamed event as it comes: without it HAProxy
+corks small writes (MSG_MORE), and a stream's tokens reached the client up to
+200 ms late, at its end on a short answer (measured with `baton bench serve`).
 
 HAProxy itself is a child of `baton up`, restarted by its supervision when it
 dies; the client connections it held die with it.
@@ -76,6 +79,7 @@ defaults
     retry-on conn-failure empty-response
     option redispatch
     option http-buffer-request
+    option http-no-delay
 {errors}
 
 frontend baton

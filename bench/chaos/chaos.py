@@ -43,7 +43,8 @@ from bench.common.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
 
 # CI's two minutes: a replica's replacement (~20 s) bounds its fault's run whatever `after` says
-SHORT = {"engine": "timed", "layout": "colocated", "replicas": 3, "faults": "decode,indexer,redis,mooncake-store",
+SHORT = {"engine": "timed", "layout": "colocated", "replicas": 3, "ingress": "haproxy",
+         "faults": "decode,ingress,indexer,redis,mooncake-store",
          "before": 3.0, "after": 8.0, "capacity_s": 4.0}
 
 
@@ -73,7 +74,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-timeout", type=float, default=120.0,
                    help="longest wait after the traffic for the fault's batch job to finish")
     p.add_argument("--short", action="store_true",
-                   help="the CI mode: timed executor, colocated, 3 replicas, one fault per component kind")
+                   help="the CI mode: timed executor, colocated, 3 replicas behind HAProxy, one fault per component kind")
     p.add_argument("--out", type=Path)
     p.add_argument("--plot", type=Path)
     args = p.parse_args(argv)

@@ -20,8 +20,8 @@ from cluster import ingress
 from common.config import load_config
 from common.processes import free_ports, port_open
 
-FRONT = """
-import os, socket, sys
+FRONT = r"""
+import os, socket, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 dies = sys.argv[2] == "dies"
 class H(BaseHTTPRequestHandler):
@@ -30,6 +30,12 @@ class H(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         if dies:
             os._exit(1)
+        if sys.argv[2] == "streams":  # an event now, the next 0.5 s later, as a slow decode would
+            self.send_response(200); self.send_header("Transfer-Encoding", "chunked"); self.end_headers()
+            for event in (b"data: 1\n\n", b"data: 2\n\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event)); self.wfile.flush(); time.sleep(0.5)
+            self.wfile.write(b"0\r\n\r\n"); self.wfile.flush()
+            return
         body = str(os.getpid()).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
@@ -108,6 +114,21 @@ def test_a_body_past_the_retry_buffer_and_other_posts_are_not_run_twice(proxy):
         assert statuses.count(502) == 3 and statuses.count(200) == len(statuses) - 3, (path, statuses)
     r = httpx.post(url + "/v1/chat/completions", json={})  # the dying fronts are gone
     assert r.status_code == 200
+
+
+def test_a_streamed_event_passes_at_once_not_corked(proxy):
+    """Each event reaches the client as the front sends it. Without `option http-no-delay`,
+    HAProxy corked small writes: the first event came 200 ms late (Linux's cork timer)."""
+    url, front = proxy
+    front("streams")
+    waits = []
+    for _ in range(3):
+        started = time.monotonic()
+        with httpx.stream("POST", url + "/v1/chat/completions", json={"stream": True}, timeout=10) as r:
+            first = next(r.iter_raw())
+            waits.append(time.monotonic() - started)
+            assert first.startswith(b"data: 1")
+    assert min(waits) < 0.12, waits
 
 
 def test_the_502_and_504_bodies_are_openai_errors():
