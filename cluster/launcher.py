@@ -47,6 +47,7 @@ class LocalStack:
         self.ray_started = False
         self._restarted: dict[str, float] = {}
         self._loopback_env: dict[str, str] = {}
+        cfg.serve.ingress = ingress.resolve(cfg.serve.ingress, on_cluster=bool(cfg.ray.address))
 
     # -- steps ------------------------------------------------------------------
 

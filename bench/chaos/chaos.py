@@ -57,8 +57,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "(its fault: site, bench/chaos/sites.py)")
     p.add_argument("--engine", choices=("cpu", "timed"), default="cpu",
                    help="real CPU engines, or the timed executor (colocated only: it moves no KV)")
-    p.add_argument("--ingress", choices=("direct", "haproxy"), default="direct",
-                   help="serve.ingress: the replicas on the public port, or HAProxy in front (cluster/ingress.py)")
+    p.add_argument("--ingress", choices=("auto", "direct", "haproxy"), default="auto",
+                   help="serve.ingress: auto (HAProxy under baton up), the replicas on the public port, or HAProxy "
+                        "in front (cluster/ingress.py)")
     p.add_argument("--replicas", type=int, help="decode (or colocated) replicas: 2; 1 in a catalogue, and a site")
     p.add_argument("--faults", default=",".join(FAULTS),
                    help=f"comma-separated, of {','.join(FAULTS)} (kills), {','.join(FREEZES)} (SIGSTOP, "

@@ -39,7 +39,7 @@ from bench.common.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
 
 SYSTEMS = ("vllm_serve", "ray_serve_llm", "ray_serve_llm_fast", "baton_colocated", "baton_disaggregated")
-OPTIONAL = ("baton_disaggregated_two_step", "baton_colocated_haproxy")  # the latter: serve.ingress haproxy
+OPTIONAL = ("baton_disaggregated_two_step", "baton_colocated_direct")  # the latter: serve.ingress direct
 
 
 @contextmanager
@@ -55,7 +55,7 @@ def started(system: str, workdir: Path, cfg, speculation: str | None = None):
     else:
         routing = {"prefill_first_token": False} if system.endswith("two_step") else {}
         decode = {"speculation": {"method": speculation}} if speculation else {}
-        serve = {"ingress": "haproxy"} if system.endswith("haproxy") else {}
+        serve = {"ingress": "direct"} if system.endswith("direct") else {}
         stack = StackProcess(write_config(workdir / system, colocated=system.startswith("baton_colocated"),
                                           tracing={"exporter": "none"}, routing=routing, decode=decode, serve=serve))
         stack.start()

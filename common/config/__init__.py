@@ -179,10 +179,11 @@ class MooncakeConfig(_Strict):
 class ServeConfig(_Strict):
     host: str = Field("127.0.0.1", description="HTTP bind address of the endpoint")
     port: int = Field(8000, gt=0, lt=65536, description="HTTP port of the endpoint")
-    ingress: Literal["direct", "haproxy"] = Field(
-        "direct", description="direct: each decode replica serves `host:port` itself (SO_REUSEPORT); haproxy: "
+    ingress: Literal["auto", "direct", "haproxy"] = Field(
+        "auto", description="direct: each decode replica serves `host:port` itself (SO_REUSEPORT); haproxy: "
         "`baton up` runs HAProxy there, which runs a request again on another replica when the one it reached "
-        "dies before answering a byte (cluster/ingress.py)")
+        "dies before answering a byte (cluster/ingress.py); auto: haproxy under `baton up` on its own Ray, "
+        "direct under `baton deploy` and on a Ray cluster (`ray.address`)")
     front_port: int = Field(0, ge=0, lt=65536, description="with ingress haproxy: the loopback port the "
                             "replicas' fronts share behind it; 0: a free one, picked at `baton up`")
     internal_host: str = Field(

@@ -58,7 +58,8 @@ def _start_shared(workdir: Path) -> StackProcess:
     s = StackProcess(write_config(
         workdir, decode={"replicas": 2},
         routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
-        serve={"api_keys": _KEYS, "engine_metrics": True},
+        # direct: tests/e2e/test_replica_death.py needs client connections a replica's own front accepted
+        serve={"api_keys": _KEYS, "engine_metrics": True, "ingress": "direct"},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
     s.start()
@@ -78,10 +79,10 @@ def _stop_shared(s: StackProcess) -> None:
 
 def _start_colocated(workdir: Path) -> StackProcess:
     """Baton colocated with two routed replicas (routing.colocated_router), keys required, behind
-    HAProxy (serve.ingress: every test on it goes through cluster/ingress.py's config)."""
+    HAProxy (serve.ingress auto, as every stack but the shared one)."""
     s = StackProcess(write_config(
         workdir, colocated=True, decode={"replicas": 2, "kv_cache_gb": 0.25},
-        serve={"api_keys": _KEYS, "require_api_key": True, "ingress": "haproxy"},
+        serve={"api_keys": _KEYS, "require_api_key": True},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16}))
     s.start()
     return s

@@ -96,3 +96,12 @@ def test_no_key_or_prompt_text_in_logs_metrics_or_status(stack):
             continue
         leaks += [f"{path}: {s[:12]}..." for s in secrets if s.encode() in data]
     assert leaks == []
+
+
+def test_behind_haproxy_every_listener_is_on_loopback_too(colocated_stack):
+    """The colocated stack runs `baton up`'s default ingress: HAProxy holds the public port, and
+    the fronts behind it listen on loopback as everything else does."""
+    children = json.loads((Path(colocated_stack.cfg["state_dir"]) / "state.json").read_text())["children"]
+    haproxy = listeners([children["ingress-haproxy"]])
+    assert [x.port for x in haproxy] == [colocated_stack.cfg["serve"]["port"]], [str(x) for x in haproxy]
+    assert exposed([colocated_stack.proc.pid]) == [], "\n".join(str(x) for x in exposed([colocated_stack.proc.pid]))

@@ -144,8 +144,10 @@ def test_fronts_bind_loopback_behind_haproxy_and_the_port_is_checked(tmp_path):
     path = tmp_path / "baton.yaml"
     path.write_text("serve: {ingress: haproxy, host: 0.0.0.0, front_port: 18001}\n")
     assert load_config(path, environ={}).serve.front_bind() == ("127.0.0.1", 18001)
-    path.write_text("serve: {host: 0.0.0.0}\n")
+    path.write_text("serve: {host: 0.0.0.0, ingress: direct}\n")
     assert load_config(path, environ={}).serve.front_bind() == ("0.0.0.0", 8000)
+    assert [ingress.resolve("auto", c) for c in (False, True)] == ["haproxy", "direct"]
+    assert ingress.resolve("haproxy", True) == "haproxy" and ingress.resolve("direct", False) == "direct"
     path.write_text("serve: {ingress: haproxy, front_port: 8000}\n")
     with pytest.raises(Exception, match="serve.front_port and serve.port"):
         load_config(path, environ={})
