@@ -70,9 +70,18 @@ def _stop_shared(s: StackProcess) -> None:
     """Ctrl-C/SIGTERM must leave nothing behind: `up` exits 0 and every child it started (Redis,
     Mooncake master and store) is gone, including children it restarted since (state.json has
     their current PIDs)."""
-    current = json.loads((Path(s.cfg["state_dir"]) / "state.json").read_text())["children"]
-    pids = set(s.children.values()) | set(current.values())
+    pids = _children(s)
     assert s.stop() == 0, s.tail()
+    _gone(pids)
+
+
+def _children(s: StackProcess) -> set[int]:
+    """PIDs of every child `up` started, restarted ones included (state.json has the current ones)."""
+    current = json.loads((Path(s.cfg["state_dir"]) / "state.json").read_text())["children"]
+    return set(s.children.values()) | set(current.values())
+
+
+def _gone(pids: set[int]) -> None:
     time.sleep(1)
     assert [pid for pid in pids if pid_alive(pid)] == []
 
@@ -89,9 +98,10 @@ def _start_colocated(workdir: Path) -> StackProcess:
 
 
 def _stop_colocated(s: StackProcess) -> None:
-    """A stream that runs when the stack stops is answered to its end: a stopping replica lets its
-    HTTP requests finish before it stops its engine (deployments/replica.py DRAIN_S; before, Serve's
-    fixed 2 s wait was all they got, and this stream ended with finish_reason "abort")."""
+    """A stream that runs when the stack stops is answered to its end (through HAProxy), and no child
+    of `up` is left behind. A stopping replica lets its HTTP requests finish before it stops its
+    engine (deployments/replica.py DRAIN_S; before, Serve's fixed 2 s wait was all they got, and
+    this stream ended with finish_reason "abort")."""
     from concurrent.futures import ThreadPoolExecutor
 
     from openai import OpenAI
@@ -115,11 +125,13 @@ def _stop_colocated(s: StackProcess) -> None:
     # About 4 s of decoding (the difference leaves the fixed costs out): longer than the 2 s Serve
     # waited before, shorter than DRAIN_S; within max_model_len.
     tokens = min(1800, max(64, int(4 * 64 / max(took[96] - took[32], 0.01))))
+    pids = _children(s)  # HAProxy among them: it outlives the replicas' drain, then goes too
     with ThreadPoolExecutor(1) as pool:
         streamed = pool.submit(finish_reason, tokens)
         time.sleep(0.3)
         assert s.stop() == 0, s.tail()
         assert streamed.result(60) == "length", tokens
+    _gone(pids)
 
 
 # name -> (whether a test needs it, start(workdir), stop(stack))
