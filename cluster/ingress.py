@@ -20,8 +20,10 @@ When no front listens (all replicas down), HAProxy answers an OpenAI-style 503.
 corks small writes (MSG_MORE), and a stream's tokens reached the client up to
 200 ms late, at its end on a short answer (measured with `baton bench serve`).
 
-HAProxy itself is a child of `baton up`, restarted by its supervision when it
-dies; the client connections it held die with it.
+HAProxy runs as `PROCESSES` processes bound to the same port (HAProxy sets
+SO_REUSEPORT), each a child of `baton up`, restarted by its supervision when it
+dies. The client connections one held die with it; new ones go to the other
+while it restarts (with one process, they were refused for 0.5-1 s).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from common.processes import ManagedProcess
 
 RETRY_BODY_BYTES = 256 * 1024  # tune.bufsize: a retryable request fits one buffer
 RETRIES = 3
+PROCESSES = 2
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 _STATUS = {502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 _MESSAGES = {
@@ -103,10 +106,10 @@ backend fronts
 """
 
 
-def haproxy_process(host: str, port: int, front_port: int, timeout_s: float, state_dir: Path,
-                    log_path: Path) -> ManagedProcess:
-    """The ingress as a child of `baton up`, not yet started; writes its config and error
-    files under `state_dir`/ingress."""
+def haproxy_processes(host: str, port: int, front_port: int, timeout_s: float, state_dir: Path,
+                      log_dir: Path, n: int = PROCESSES) -> list[ManagedProcess]:
+    """The ingress as `n` children of `baton up` sharing one config, not yet started; writes the
+    config and error files under `state_dir`/ingress."""
     directory = state_dir / "ingress"
     directory.mkdir(parents=True, exist_ok=True)
     for status in _STATUS:
@@ -114,4 +117,5 @@ def haproxy_process(host: str, port: int, front_port: int, timeout_s: float, sta
     cfg = directory / "haproxy.cfg"
     cfg.write_text(config_text(host, port, front_port, timeout_s, directory))
     argv = [binary(), "-db", "-f", str(cfg)]
-    return ManagedProcess("ingress-haproxy", argv, log_path, ready_port=(host, port))
+    return [ManagedProcess(f"ingress-haproxy-{i + 1}", argv, log_dir / f"haproxy-{i + 1}.log", ready_port=(host, port))
+            for i in range(n)]

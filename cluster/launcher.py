@@ -84,8 +84,9 @@ class LocalStack:
         s = self.cfg.serve
         if not s.front_port:
             s.front_port = free_ports(1)[0]
-        self._spawn(ingress.haproxy_process(s.host, s.port, s.front_port, s.request_timeout_s,
-                                            self.state_dir, self.log_dir / "haproxy.log"))
+        for proc in ingress.haproxy_processes(s.host, s.port, s.front_port, s.request_timeout_s,
+                                              self.state_dir, self.log_dir):
+            self._spawn(proc)
 
     def _ray(self) -> None:
         import ray

@@ -52,7 +52,7 @@ S(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 @pytest.fixture
 def proxy(tmp_path):
     port, front_port = free_ports(2)
-    p = ingress.haproxy_process("127.0.0.1", port, front_port, 60, tmp_path, tmp_path / "haproxy.log")
+    p, = ingress.haproxy_processes("127.0.0.1", port, front_port, 60, tmp_path, tmp_path, n=1)
     p.start()
     fronts: list[subprocess.Popen] = []
 
