@@ -27,7 +27,9 @@ def test_short_chaos_run_hangs_nothing_and_everything_comes_back(tmp_path):
         if r["fault"] == "decode":  # HAProxy runs again what its front had not answered; streams
             # the dying front was answering break (the client sees the transport error)
             assert r["dropped"] == 0 and r["unaffected_share"] >= 0.98, r
-        elif r["fault"] != "ingress":  # HAProxy's own connections die with it
+        elif r["fault"] == "ingress":  # one HAProxy's connections die with it; the other takes new ones
+            assert r["unaffected_share"] >= 0.98, r  # with one process: 92.2-97.8% (docs/bench_chaos.md)
+        else:
             assert sum(r[k] for k in BAD) == 0, {k: r[k] for k in ("fault", *BAD)}
             assert r["unaffected_share"] >= 0.99, r
         # what must outlive every fault, a Redis kill included (redis.appendfsync)
