@@ -7,8 +7,8 @@ a crash would:
   replacement, back when the pool has as many live replicas as before;
 - `indexer`: the KV indexer's actor (`ray.kill`, Ray's SIGKILL of an actor);
   Serve starts another, back when one is alive;
-- `redis`, `mooncake-master`, `mooncake-store`, and `ingress` (HAProxy, with
-  `serve.ingress: haproxy`): the process `baton up` started; its supervision
+- `redis`, `mooncake-master`, `mooncake-store`, and `ingress` (the first of
+  HAProxy's processes, where `serve.ingress` runs it): the process `baton up` started; its supervision
   starts another, back when state.json names a new PID (Redis's and HAProxy's
   accepting connections).
 
