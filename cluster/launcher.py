@@ -79,9 +79,12 @@ class LocalStack:
         return mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")
 
     def _ingress(self) -> None:
-        """HAProxy on the public port, the replicas' fronts behind it on a loopback port (picked here
-        unless `serve.front_port` names one); the replicas read that port from this config."""
+        """With `serve.ingress` haproxy: HAProxy on the public port, the replicas' fronts behind it on a
+        loopback port (picked here unless `serve.front_port` names one), which the replicas read from
+        this config. With direct, nothing: the replicas' fronts listen on the public port."""
         s = self.cfg.serve
+        if s.ingress != "haproxy":
+            return
         if not s.front_port:
             s.front_port = free_ports(1)[0]
         for proc in ingress.haproxy_processes(s.host, s.port, s.front_port, s.request_timeout_s,
@@ -170,9 +173,8 @@ class LocalStack:
                     self._redis()
             with p.step("mooncake master and store"):
                 worker_cfg = self._mooncake()
-            with p.step("ingress (HAProxy)" if self.cfg.serve.ingress == "haproxy" else "ingress (the replicas)"):
-                if self.cfg.serve.ingress == "haproxy":
-                    self._ingress()
+            with p.step(f"ingress ({self.cfg.serve.ingress})"):
+                self._ingress()
             with p.step("ray head"):
                 self._ray()
             with p.step("serve app (prefill and decode engines)"):

@@ -76,6 +76,11 @@ def _accepts(url: str) -> bool:
         return False
 
 
+def _answers_at(stack: StackProcess, component: str) -> str | None:
+    """The URL a restarted child must accept connections on to be back (Redis's, HAProxy's), or None."""
+    return {"redis": stack.cfg["redis"]["url"], "ingress": stack.url}.get(component)
+
+
 def _child_name(stack: StackProcess, fault: str) -> str:
     return next(n for n in _children(stack) if fault in n)
 
@@ -170,7 +175,7 @@ class Fault:
                     return self.before in _live(s, c)
                 if c == "indexer":
                     return bool(_indexers(s))
-                url = {"redis": s.cfg["redis"]["url"], "ingress": s.url}.get(c)
+                url = _answers_at(s, c)
                 return url is None or _accepts(url)
             if c in POOL_FAULTS:
                 live = _live(s, c)
@@ -180,7 +185,7 @@ class Fault:
                 return bool(now) and now != self.before
             name = _child_name(s, c)
             pid = _children(s)[name]
-            url = {"redis": s.cfg["redis"]["url"], "ingress": s.url}.get(c)
+            url = _answers_at(s, c)
             return pid != self.before and (url is None or _accepts(url))
         except (OSError, RuntimeError, ValueError, StopIteration, KeyError):
             return False
