@@ -26,7 +26,6 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
 import redis as redis_lib
 
@@ -59,7 +58,7 @@ def _live(stack: StackProcess, pool: str) -> list[str]:
 
 
 def _children(stack: StackProcess) -> dict[str, int]:
-    return json.loads((Path(stack.cfg["state_dir"]) / "state.json").read_text())["children"]
+    return stack.state()["children"]
 
 
 def _indexers(stack: StackProcess, action: str = "list") -> list[str]:

@@ -129,11 +129,15 @@ class StackProcess:
             self.proc.kill()
             return self.proc.wait(10)
 
+    def state(self) -> dict:
+        """`baton up`'s state.json as it is now: its children's current PIDs (restarted ones
+        included), the Ray address, ..."""
+        return json.loads((Path(self.cfg["state_dir"]) / "state.json").read_text())
+
     def driver(self, code: str, *args: str, timeout: float = 60) -> str:
         """Runs `code` as a Ray driver of this stack (`ray.init(address=sys.argv[1])` is up to
         it; `args` follow the address in sys.argv); returns its stdout, raises if it failed."""
-        state = json.loads((Path(self.cfg["state_dir"]) / "state.json").read_text())
-        out = subprocess.run([sys.executable, "-c", code, state["ray_address"], *args], timeout=timeout,
+        out = subprocess.run([sys.executable, "-c", code, self.state()["ray_address"], *args], timeout=timeout,
                              env={**os.environ, "RAY_AUTH_MODE": "token", **loopback.ray_env()},
                              capture_output=True, text=True, cwd=REPO_ROOT)
         if out.returncode != 0:

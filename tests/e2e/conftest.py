@@ -13,7 +13,6 @@ last (`pytest_runtest_teardown`), so a stack never starts beside another.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -77,8 +76,7 @@ def _stop_shared(s: StackProcess) -> None:
 
 def _children(s: StackProcess) -> set[int]:
     """PIDs of every child `up` started, restarted ones included (state.json has the current ones)."""
-    current = json.loads((Path(s.cfg["state_dir"]) / "state.json").read_text())["children"]
-    return set(s.children.values()) | set(current.values())
+    return set(s.children.values()) | set(s.state()["children"].values())
 
 
 def _gone(pids: set[int]) -> None:

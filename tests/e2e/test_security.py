@@ -101,7 +101,7 @@ def test_no_key_or_prompt_text_in_logs_metrics_or_status(stack):
 def test_behind_haproxy_every_listener_is_on_loopback_too(colocated_stack):
     """The colocated stack runs `baton up`'s default ingress: HAProxy holds the public port, and
     the fronts behind it listen on loopback as everything else does."""
-    children = json.loads((Path(colocated_stack.cfg["state_dir"]) / "state.json").read_text())["children"]
+    children = colocated_stack.state()["children"]
     haproxy = listeners([pid for name, pid in children.items() if name.startswith("ingress-haproxy")])
     assert [x.port for x in haproxy] == [colocated_stack.cfg["serve"]["port"]] * 2, [str(x) for x in haproxy]
     assert exposed([colocated_stack.proc.pid]) == [], "\n".join(str(x) for x in exposed([colocated_stack.proc.pid]))
