@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from routing.prefix.block_hash import BlockHashFn, hash_blocks, sha256_block_hash
+from routing.prefix.block_hash import BlockHashFn, hash_blocks, default_block_hash
 
 
 @dataclass
@@ -58,7 +58,7 @@ Op = tuple
 @dataclass
 class EventTranslator:
     block_size: int
-    hash_fn: BlockHashFn = sha256_block_hash
+    hash_fn: BlockHashFn = default_block_hash
     journal: list[Op] | None = None  # where changes are appended, if anywhere (module docstring)
     # replica -> engine hash -> (baton hash, salt)
     _maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)

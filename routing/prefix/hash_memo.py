@@ -2,7 +2,7 @@
 
 An agent's turn resends the whole conversation, and every new session of a
 tenant starts with the same system prompt: at 300 blocks (an ~5k-token
-prompt) the sha256 chain is ~0.3 ms of each routing decision at 64 replicas
+prompt) the hash chain was ~0.3 ms of each routing decision (sha256 then) at 64 replicas
 (`baton bench scale --part control`), almost all of it for blocks the front
 hashed a turn earlier. The memo keeps, per session and per tenant, the last
 prompt's packed tokens and hashes; the next prompt reuses the hashes of the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from routing.prefix.block_hash import pack_tokens, sha256_packed
+from routing.prefix.block_hash import pack_tokens, hash_packed
 
 DEFAULT_MAX_TOKENS = 2_000_000  # 16 MB of packed tokens per front
 
@@ -45,10 +45,10 @@ class HashMemo:
         prev = (self._entries.get((salt, session)) if session is not None else None) or self._entries.get((salt,))
         k = _common_blocks(packed, prev[0], width) if prev else 0
         if k:
-            tail = sha256_packed(packed[k * width:], self.bs, salt, prev[1][k - 1])
+            tail = hash_packed(packed[k * width:], self.bs, salt, prev[1][k - 1])
             out = prev[1][:k] + tail
         else:
-            out = sha256_packed(packed, self.bs, salt, None)
+            out = hash_packed(packed, self.bs, salt, None)
         self.reused_blocks += k
         self.hashed_blocks += len(out) - k
         if session is not None:

@@ -1,4 +1,4 @@
-from routing.prefix.block_hash import hash_blocks, sha256_block_hash
+from routing.prefix.block_hash import hash_blocks, default_block_hash
 
 TOKENS = list(range(100, 110))  # 10 tokens: two full blocks of 4, one partial
 
@@ -10,8 +10,8 @@ def test_only_full_blocks_are_hashed():
 
 def test_hashes_chain_over_the_prefix():
     h = hash_blocks(TOKENS, 4, salt=None)
-    assert h[0] == sha256_block_hash(None, (100, 101, 102, 103), None)
-    assert h[1] == sha256_block_hash(h[0], (104, 105, 106, 107), None)
+    assert h[0] == default_block_hash(None, (100, 101, 102, 103), None)
+    assert h[1] == default_block_hash(h[0], (104, 105, 106, 107), None)
     # The same tokens after a different prefix hash differently.
     other = hash_blocks([1, 2, 3, 4] + TOKENS[4:8], 4, salt=None)
     assert other[1] != h[1]
@@ -51,10 +51,10 @@ def test_hashes_are_64_bit():
 
 def test_the_packed_chain_gives_the_per_block_hashes():
     """hash_blocks packs a prompt's tokens once for the default hash; the values are
-    sha256_block_hash's, block by block, whatever the block size, salt and parent."""
+    default_block_hash's, block by block, whatever the block size, salt and parent."""
     import random
 
-    from routing.prefix.block_hash import hash_blocks, sha256_block_hash
+    from routing.prefix.block_hash import hash_blocks, default_block_hash
 
     rng = random.Random(0)
     for _ in range(100):
@@ -63,6 +63,14 @@ def test_the_packed_chain_gives_the_per_block_hashes():
         parent = rng.choice([None, rng.randrange(2**64)])
         want, p = [], parent
         for i in range(len(tokens) // bs):
-            p = sha256_block_hash(p, tuple(tokens[i * bs:(i + 1) * bs]), salt)
+            p = default_block_hash(p, tuple(tokens[i * bs:(i + 1) * bs]), salt)
             want.append(p)
         assert hash_blocks(tokens, bs, salt, parent) == want
+
+
+def test_a_first_block_differs_from_one_whose_parent_hashed_to_zero():
+    """The chain seeds each block's hash with its parent's: a first block is marked as one, so no
+    parent and a parent hashed to 0 give different hashes."""
+    assert hash_blocks(TOKENS[:4], 4, salt="t") != hash_blocks(TOKENS[:4], 4, salt="t", parent=0)
+    assert hash_blocks(TOKENS, 4, salt="t", parent=0)[1:] == hash_blocks(TOKENS[4:], 4, salt="t",
+                                                                         parent=hash_blocks(TOKENS, 4, "t", 0)[0])
