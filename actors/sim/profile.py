@@ -146,3 +146,17 @@ class GpuProfile:
             t += self.decode_s(len(shape.decode_ctx), sum(shape.decode_ctx) / len(shape.decode_ctx))
         t += sum(self.prefill_s(a, b) for a, b in shape.prefill)
         return t + self.kv_transfer_s(shape.loaded_tokens)
+
+
+def engine_rates(profile: GpuProfile, busy: float = 0.7, new_tokens: int = 1024, output_tokens: int = 256,
+                 batch: int = 64, ctx: int = 4096) -> dict:
+    """What one engine of `profile` stores per second under a chat workload using `busy` of its
+    time: each request computes `new_tokens` at `ctx` context and decodes `output_tokens` in a
+    batch of `batch`; every full block of either is stored. Pure."""
+    step_s = profile.decode_s(batch, ctx) + profile.step_overhead_s
+    per_request_s = profile.prefill_s(ctx - new_tokens, ctx) + output_tokens * step_s / batch
+    requests = busy / per_request_s
+    full = profile.block_size / profile.prefill_s(0, profile.block_size)
+    return {"requests_per_s": round(requests, 2), "step_ms": round(step_s * 1000, 2),
+            "blocks_per_s": round(requests * (new_tokens + output_tokens) / profile.block_size, 1),
+            "full_prefill_blocks_per_s": round(full / profile.block_size, 1)}

@@ -5,18 +5,18 @@ Two figures, each on the real code and a real redis-server (started here, on
 
 1. ``routing``: one routing decision is ``RequestRouting.route`` of
    deployments/front/request_routing.py, exactly what a front awaits per request:
-   tenant-salted block hashing, the pipelined Redis read (pins; the index slice
-   only without the front's own copy of the index, deployments/kv_index/index_feed.py;
-   the registry and the fronts' counts only when its shared view is stale),
-   the placement script for a session without a pin, the policy and the pin
-   writes it queues without waiting. Redis holds ``replicas`` colocated replicas
-   (each a front) with heartbeats, in-flight and queued-work fields for every
-   (replica, front) pair, ``sessions`` pinned sessions, every tenant's system
-   prompt indexed on every replica and active conversations on their pinned one.
-   Half the decisions are a pinned session's next turn, half a new session.
-   ``redis_cmds_per_decision``: INFO's commands delta (a script's count too);
-   ``redis_cpu_us_per_decision``: Redis's own CPU time (INFO cpu) per decision.
-   ``with_redis_index``: the same with ``routing.local_index: false``.
+   tenant-salted block hashing, what it reads from Redis (the pins and the index
+   slice only without the front's copies, deployments/front/pin_feed.py and
+   deployments/kv_index/index_feed.py; the registry and the fronts' counts only
+   when its shared view is stale), the placement script for a session without
+   a pin, the policy and the pin writes it queues without waiting. Redis holds
+   ``replicas`` colocated replicas (each a front) with heartbeats, in-flight and
+   queued-work fields for every (replica, front) pair, ``sessions`` pinned
+   sessions, every tenant's system prompt indexed on every replica and active
+   conversations on their pinned one. Half the decisions are a pinned session's
+   next turn, half a new session. ``redis_cmds_per_decision``: INFO's commands
+   delta (a script's count too); ``redis_cpu_us_per_decision``: Redis's own CPU
+   time per decision. ``with_redis_index``: ``routing.local_index: false``.
 2. ``indexer``: ``engines`` simulated engines publish vLLM KV events through
    vLLM's own ``ZmqEventPublisher`` (one per engine, topic = replica, with a
    replay socket) from a child process, to the real KV indexer
@@ -51,7 +51,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.sim.profile import GpuProfile
+from actors.sim.profile import GpuProfile, engine_rates
 from common.config import BatonConfig
 from common.processes import free_ports, redis_process
 from common.stats import latency_summary, percentile
@@ -65,20 +65,6 @@ WARMUP = 300
 WINDOW_BLOCKS = 2048  # blocks an engine holds in the index before it evicts
 PROBE_EVERY = 4  # one probe per this many batches of an engine
 VOCAB = 128_000
-
-
-def engine_rates(profile: GpuProfile, busy: float = 0.7, new_tokens: int = 1024, output_tokens: int = 256,
-                 batch: int = 64, ctx: int = 4096) -> dict:
-    """What one engine of `profile` stores per second under a chat workload using `busy` of its
-    time: each request computes `new_tokens` at `ctx` context and decodes `output_tokens` in a
-    batch of `batch`; every full block of either is stored. Pure."""
-    step_s = profile.decode_s(batch, ctx) + profile.step_overhead_s
-    per_request_s = profile.prefill_s(ctx - new_tokens, ctx) + output_tokens * step_s / batch
-    requests = busy / per_request_s
-    full = profile.block_size / profile.prefill_s(0, profile.block_size)
-    return {"requests_per_s": round(requests, 2), "step_ms": round(step_s * 1000, 2),
-            "blocks_per_s": round(requests * (new_tokens + output_tokens) / profile.block_size, 1),
-            "full_prefill_blocks_per_s": round(full / profile.block_size, 1)}
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -152,6 +138,11 @@ def _seed_prompts(client, names: list[str], sessions: int, bs: int, rng: random.
     return pinned, fresh
 
 
+def _mgets(client) -> int:
+    """MGETs Redis ran so far: pin reads, one a decision while a front's copy loads (pin_feed.py)."""
+    return int(client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+
 def _usage(client) -> tuple[int, float]:
     """(commands processed, CPU seconds used) by the Redis server so far, from INFO."""
     info = client.info()
@@ -183,7 +174,7 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
     from deployments.front.request_routing import RequestRouting
 
     sync = cfg.redis.client()
-    places, loaded = [0], [0.0]
+    places, loaded, reads = [0], [0.0], [0]
 
     async def go() -> tuple[dict, int]:
         client = cfg.redis.client(asynchronous=True)
@@ -195,15 +186,18 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
             return await script(*a, **kw)
         await _decide(routing, items, WARMUP, False)  # warm connections and caches
         t0 = time.monotonic()
-        while routing.local is not None and routing.local.index is None and time.monotonic() - t0 < 300:
-            await asyncio.sleep(0.05)  # the front's copy of the index loads from Redis (index_feed.py)
+        while routing.local is not None and (routing.local.index is None or not routing.pins.synced) \
+                and time.monotonic() - t0 < 300:  # the front's copies of the index and the pins load from Redis
+            await asyncio.sleep(0.05)  # (deployments/kv_index/index_feed.py, deployments/front/pin_feed.py)
         loaded[0] = time.monotonic() - t0
         routing._place = counted
-        before = _usage(sync)
+        before, mgets = _usage(sync), _mgets(sync)
         lat = await _decide(routing, items, decisions, progress, WARMUP)
         after = _usage(sync)
+        reads[0] = _mgets(sync) - mgets if routing.local is not None else decisions  # else one pipeline each
+        await asyncio.gather(*(f.stop() for f in (routing.local, routing.pins) if f is not None))
         await client.aclose()
-        return lat, (after[0] - before[0] - 1, after[1] - before[1])
+        return lat, (after[0] - before[0] - 2, after[1] - before[1])
     lat, (cmds, cpu_s) = asyncio.run(go())
     both = lat["pinned"] + lat["new"]
     s = latency_summary(both)
@@ -213,7 +207,7 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
             "pinned": latency_summary(lat["pinned"]), "new_session": latency_summary(lat["new"]),
             "redis_cmds_per_decision": round(cmds / len(both), 1),
             "redis_cpu_us_per_decision": round(cpu_s * 1e6 / len(both), 1),
-            "round_trips_per_decision": round(1 + places[0] / len(both), 2),
+            "round_trips_per_decision": round((reads[0] + places[0]) / len(both), 2),
             "prompt_blocks_mean": round(sum(len(i[1]) // cfg.model.block_size for i in items) / len(items), 1)}
 
 
@@ -346,12 +340,10 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
     totals = loop.totals()
     lags = sorted(res["lags_ms"])
     return {"engines": engines, "profile": profile.name, "busy": busy, "per_engine": rates,
-            "events_per_s": round(res["events"] / res["seconds"], 1),
-            "blocks_stored_per_s": round(res["stored"] / res["seconds"], 1),
-            "blocks_removed_per_s": round(res["removed"] / res["seconds"], 1),
+            **{f"{name}_per_s": round(res[key] / res["seconds"], 1) for name, key in
+               (("events", "events"), ("blocks_stored", "stored"), ("blocks_removed", "removed"))},
             "probes": res["probes"], "unseen": res["probes"] - len(lags),
-            "lag_p50_ms": round(percentile(lags, 50), 2) if lags else None,
-            "lag_p99_ms": round(percentile(lags, 99), 2) if lags else None,
+            **{f"lag_{q}_ms": round(percentile(lags, n), 2) if lags else None for q, n in (("p50", 50), ("p99", 99))},
             "lag_max_ms": round(lags[-1], 2) if lags else None,
             "dropped": totals["dropped_events"] + totals["gaps"] + totals["resyncs"], "indexer_totals": totals,
             "redis_cpu_share": round(redis_s / res["seconds"], 3),

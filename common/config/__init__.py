@@ -245,8 +245,9 @@ class RoutingConfig(_Strict):
     seed: int = Field(0, description="seed of the policy's power-of-two draws")
     shared_state_ms: float = Field(25, ge=0, description="a front reuses the registry and every front's "
                                    "in-flight counts for this long, refreshed off the request path; 0: read per request")
-    local_index: bool = Field(True, description="each front keeps the KV index in memory, fed by the indexer "
-                              "through Redis (deployments/kv_index/index_feed.py); false: read a request's slice from Redis")
+    local_index: bool = Field(True, description="each front keeps the KV index and the session pins in memory, "
+                              "fed through Redis by the indexer and the fronts (deployments/kv_index/index_feed.py, "
+                              "deployments/front/pin_feed.py); false: read a request's slice and pins from Redis")
     colocated_router: bool = Field(True, description="colocated with more than one replica (or autoscaling beyond "
         "one): each front sends a request to the replica whose cache holds its longest prefix (engines publish KV "
         "events to the KV indexer); false: a request runs where the kernel put its connection, or on a peer when "

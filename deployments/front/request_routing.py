@@ -3,8 +3,9 @@
 For each request it hashes the prompt's full blocks with the tenant's salt
 (only what the session's last prompt did not have, routing/prefix/hash_memo.py),
 matches them against the KV index in its memory (deployments/kv_index/index_feed.py)
-and reads the session's pins in one Redis round trip (a session without a
-live pin costs one more: the live sessions per replica that place it). The
+and reads the session's pins from its memory too (deployments/front/pin_feed.py;
+one Redis round trip while that copy loads); a session without a live pin costs
+one round trip: the live sessions per replica that place it. The
 pure policy then picks a decode replica and, unless the decode replica can
 get all but a few tokens of the prompt from its own cache or the Mooncake
 store (the request then runs decode-only), a prefill replica. Pin updates
@@ -22,11 +23,12 @@ import itertools
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
 from deployments.front.metrics import IngressMetrics
+from deployments.front.pin_feed import CHANNEL as PIN_CHANNEL, LocalPins, message as pin_message
+from deployments.front.routes import Reads, Route
 from deployments.front.shared_view import POOLS, SharedView
 from deployments.kv_index.index_feed import LocalIndex
 from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
@@ -34,49 +36,7 @@ from routing.policy.policy import BatonPolicy, PolicyConfig
 from routing.policy.rates import mean_rate, median_rate
 from routing.prefix import redis_state
 from routing.prefix.hash_memo import HashMemo
-from routing.prefix.prefix_index import IndexSnapshot
 from routing.prefix.snapshot import pins_view
-
-
-@dataclass
-class Route:
-    """Where one request goes and what the index predicted for it."""
-
-    decode_replica: str | None
-    prefill_replica: str | None
-    decode_only: bool
-    reason: str  # pinned | moved | prefix | load | round_robin | no_replicas | fallback
-    predicted_cached_tokens: int  # on the replica that computes the prompt
-    repinned: bool = False
-    prompt_blocks: int = 0
-    in_flight: set = field(default_factory=set)  # pools this request still occupies
-    decode_url: str | None = None  # internal servers of the chosen replicas, from the registry
-    prefill_url: str | None = None
-    # Whether the index says the store holds more of the prompt than the prefill engine's own cache.
-    prefill_lookup: bool = True
-    work: dict = field(default_factory=dict)  # pool -> prefill blocks this request adds to its replica's queue
-    # The cost's predicted wait (routing/policy/cost.py), summed over the pools the request uses: on the
-    # chosen replicas, and on the session's pinned ones (the chosen where it had none); None
-    # where a pool placed it cold, which compares no costs. `moved`: pools whose pin moved.
-    predicted_s: float | None = None
-    stay_s: float | None = None
-    moved: list = field(default_factory=list)
-
-
-@dataclass
-class _State:
-    """What one decision reads from Redis."""
-
-    snap: IndexSnapshot
-    live: dict[str, dict[str, dict]]  # pool -> replica -> registry entry
-    pins: dict[str, str | None]  # pool -> pinned replica
-    inflight: dict[str, dict[str, int]]  # pool -> replica -> every live front's requests there
-    # Placing a session with no live pin in a pool: live sessions per replica, and a ticket.
-    sessions: dict[str, dict[str, int]] = field(default_factory=dict)  # pool -> replica -> sessions
-    placement: dict[str, int] = field(default_factory=dict)  # pool -> this placement's ticket
-    reserved: dict[str, str] = field(default_factory=dict)  # pool -> replica that counts it meanwhile
-    # pool -> replica -> prefill blocks the fronts sent there that it has not computed yet
-    work: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class RequestRouting:
@@ -99,6 +59,8 @@ class RequestRouting:
         self._place = redis_client.register_script(redis_state.PLACE) if redis_client is not None else None
         # The index in this front's memory, kept by the indexer's feed (index_feed.py).
         self.local = LocalIndex(redis_client) if redis_client is not None and cfg.routing.local_index else None
+        # Every session's pins in this front's memory, kept by the fronts' pin feed (pin_feed.py).
+        self.pins = LocalPins(redis_client, cfg.routing.pin_ttl_s, time.time) if self.local is not None else None
         self.view = SharedView(redis_client, self.registry, cfg.routing.shared_state_ms / 1000,
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
@@ -110,7 +72,7 @@ class RequestRouting:
         # vLLM always computes the last prompt token itself.
         return min(blocks * self.bs, (prompt_len - 1) // self.bs * self.bs)
 
-    async def _read(self, hashes: tuple[int, ...], session: str | None, now: float) -> _State:
+    async def _read(self, hashes: tuple[int, ...], session: str | None, now: float) -> Reads:
         """Everything one decision needs, in one round trip: the pins, and the index slice and the
         registry with every front's counts where this front has no copy of them (index_feed.py,
         shared_view.py). With both copies at hand it reads only the pins of the pools that have
@@ -118,12 +80,16 @@ class RequestRouting:
         local = None
         if self.local is not None:
             self.local.start()
+            self.pins.start()
             local = self.local.index
         if local is not None and self.view.usable(now):
             live, inflight, work = self.view.get(self.redis, now)
             pools = [pool for pool in POOLS if live[pool]] if session else []
-            values = await self.redis.mget([redis_state.pin_key(pool, session) for pool in pools]) if pools else []
-            return _State(local, live, self._pins(pools, values), inflight, work=work)
+            if self.pins.synced:
+                values = [self.pins.get(pool, session, now) for pool in pools]
+            else:
+                values = await self.redis.mget([redis_state.pin_key(pool, session) for pool in pools]) if pools else []
+            return Reads(local, live, self._pins(pools, values), inflight, work=work)
         pipe = self.redis.pipeline(transaction=False)
         if local is None:
             redis_state.queue_snapshot(pipe, hashes)
@@ -137,7 +103,7 @@ class RequestRouting:
             self.view.take(res[n:n + inline], now)
         live, inflight, work = self.view.get(self.redis, now)
         snap = local if local is not None else redis_state.snapshot_from(hashes, res[:n])
-        return _State(snap, live, self._pins(pools, res[n + inline:]), inflight, work=work)
+        return Reads(snap, live, self._pins(pools, res[n + inline:]), inflight, work=work)
 
     @staticmethod
     def _pins(pools: list[str], values: list) -> dict[str, str | None]:
@@ -147,7 +113,7 @@ class RequestRouting:
             pins[pool] = v.decode() if isinstance(v, bytes) else v
         return pins
 
-    async def _read_placement(self, state: _State, session: str, now: float) -> None:
+    async def _read_placement(self, state: Reads, session: str, now: float) -> None:
         """For each pool where `session` has no live pin (a new session, or its replica left):
         reserves it a place among the pool's live replicas (`redis_state.PLACE`) and records in `state`
         the live sessions each held before, the ticket and the reservation. Changes Redis: the
@@ -165,7 +131,7 @@ class RequestRouting:
             state.sessions[pool] = dict(zip(names, map(int, res[2:])))
         await asyncio.gather(*(place(p) for p in pools))
 
-    def _choose(self, pool: str, req: RoutingRequest, state: _State, now: float,
+    def _choose(self, pool: str, req: RoutingRequest, state: Reads, now: float,
                 match: dict[str, int] | None = None) -> RoutingDecision | None:
         live = state.live[pool]
         match = state.snap.match(req.block_hashes) if match is None else match
@@ -216,7 +182,7 @@ class RequestRouting:
         self._derived[pool] = (live, names, base)
         return names, base
 
-    def _load(self, pool: str, replica: str, state: _State) -> int:
+    def _load(self, pool: str, replica: str, state: Reads) -> int:
         """Requests on `replica`: what every live front had in flight there at this decision's
         read, or what this front has if more (its own writes may not have landed yet). The
         engine's own count in its heartbeat (`unfinished`) is not used: it is up to
@@ -232,15 +198,22 @@ class RequestRouting:
         wait = float(entry.get("oldest_wait_s") or 0.0)
         return wait + max(0.0, now - entry["ts"]) if entry.get("waiting") else wait
 
-    def _write_pins(self, session: str | None, chosen: dict[str, str], state: _State, now: float) -> None:
+    def _write_pins(self, session: str | None, chosen: dict[str, str], state: Reads, now: float) -> None:
         """Pins (or re-pins) the session in each pool of `chosen`, and counts it among the live
         sessions of those replicas only: no longer among its previous replica's, nor its
         reservation's (`_read_placement`) where the policy chose another replica or the pool
-        was not used. Does not wait for Redis."""
+        was not used. A pin kept where it was and written less than `pin_feed.REFRESH` of its
+        TTL ago is not written again (an agent's turns come seconds apart). Does not wait for Redis."""
+        if session and self.pins is not None and self.pins.synced:
+            chosen = {pool: r for pool, r in chosen.items()
+                      if r != state.pins[pool] or not self.pins.fresh(pool, session, now)}
         if not session or not (chosen or state.reserved):
             return
         ttl_s = self.cfg.routing.pin_ttl_s
         ttl = int(ttl_s * 1000)
+        pins = [(pool, session, replica, now + ttl_s) for pool, replica in chosen.items()]
+        if self.pins is not None:
+            self.pins.wrote(pins)
 
         def queue(pipe) -> None:
             for pool in POOLS:
@@ -254,6 +227,8 @@ class RequestRouting:
                 key = redis_state.sessions_key(pool, replica)
                 pipe.zadd(key, {session: now})  # expired sessions leave at the next placement
                 pipe.pexpire(key, ttl)  # a replica that left takes its set with it
+            if pins and self.pins is not None:  # after the SETs: a front that loads meanwhile misses neither
+                pipe.publish(PIN_CHANNEL, pin_message(pins))
         self._send(queue)
 
     def _send(self, queue) -> None:
@@ -328,7 +303,7 @@ class RequestRouting:
         self._predictions(route, [d for d in (decode, prefill) if d is not None])
         return route
 
-    def _prefill_route(self, route: Route, prefill: RoutingDecision, state: _State, store_held: int,
+    def _prefill_route(self, route: Route, prefill: RoutingDecision, state: Reads, store_held: int,
                        prompt_len: int) -> None:
         """Sets `route`'s prefill replica, its store lookup and its predicted hit."""
         self._count("prefill", prefill)

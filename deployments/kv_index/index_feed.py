@@ -109,7 +109,7 @@ async def load(redis, index: PrefixIndex, batch: int = 500) -> None:
     for pattern, fill in ((f"{P}idx:r:*", held),
                           (f"{P}idx:c:*", lambda key, members: index.restore_children(int(key), members))):
         prefix = len(pattern) - 1
-        async for keys in _scan(redis, pattern, batch):
+        async for keys in scan(redis, pattern, batch):
             pipe = redis.pipeline(transaction=False)
             for k in keys:
                 pipe.smembers(k)
@@ -118,7 +118,8 @@ async def load(redis, index: PrefixIndex, batch: int = 500) -> None:
                 fill(name, [int(m) for m in members])
 
 
-async def _scan(redis, pattern: str, batch: int):
+async def scan(redis, pattern: str, batch: int):
+    """The keys matching `pattern`, in batches of about `batch`."""
     cursor = 0
     while True:
         cursor, keys = await redis.scan(cursor, match=pattern, count=batch)

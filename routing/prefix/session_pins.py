@@ -58,6 +58,21 @@ class SessionPins:
         self._pins[session] = _Pin(replica, now + self.ttl_s)
         return moved
 
+    def peek(self, session: str, now: float) -> str | None:
+        """The pinned replica, or None if absent or expired at ``now``. Changes nothing."""
+        pin = self._pins.get(session)
+        return pin.replica if pin is not None and pin.expires_at > now else None
+
+    def expires_at(self, session: str) -> float | None:
+        """When the session's pin expires (it may have already), or None without one. Changes nothing."""
+        pin = self._pins.get(session)
+        return pin.expires_at if pin is not None else None
+
+    def put(self, session: str, replica: str, expires_at: float) -> None:
+        """Sets the pin as another holder of the pins wrote it: to ``replica`` until ``expires_at``
+        (a copy kept from a feed). Counts no re-pin."""
+        self._pins[session] = _Pin(replica, expires_at)
+
     def expire(self, now: float) -> int:
         """Drop every pin expired at ``now``; return how many were dropped."""
         dead = [s for s, p in self._pins.items() if p.expires_at <= now]

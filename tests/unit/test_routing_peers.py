@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.config import BatonConfig
 from deployments.front.metrics import IngressMetrics
-from deployments.front.request_routing import RequestRouting, _State
+from deployments.front.request_routing import RequestRouting, Reads
 from routing.policy.contracts import RoutingRequest
 from routing.prefix.prefix_index import IndexSnapshot
 
@@ -18,7 +18,7 @@ def _routing(policy: str) -> RequestRouting:
 
 
 def _pick(routing: RequestRouting, n: int) -> list[str]:
-    state = _State(IndexSnapshot([], [], []), LIVE, {"decode": None, "prefill": None}, NOBODY)
+    state = Reads(IndexSnapshot([], [], []), LIVE, {"decode": None, "prefill": None}, NOBODY)
     return [routing._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(n)]
 
 
@@ -41,12 +41,12 @@ def test_load_is_what_the_fronts_have_in_flight_not_the_engines_stale_report():
     have since finished, and is chosen like `b`."""
     live = {"decode": {"a": {"unfinished": 0}, "b": {"unfinished": 0}, "c": {"unfinished": 9}}, "prefill": {}}
     fronts = {"decode": {"a": 9, "c": 0}, "prefill": {}}
-    state = _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, fronts)
+    state = Reads(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None}, fronts)
     least = _routing("least_loaded")
     assert {least._choose("decode", RoutingRequest(()), state, 0.0).replica for _ in range(4)} == {"b", "c"}
     baton = _routing("baton")
     work = {"decode": {"a": 90.0}}
-    pinned = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, fronts, work=work)
+    pinned = Reads(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, fronts, work=work)
     d = baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0)
     assert d.replica != "a" and d.repinned
     fronts["decode"]["a"], work["decode"]["a"] = 1, 0.0  # a drains: the pin holds again
@@ -57,10 +57,10 @@ def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
     """A cold prompt draws two replicas plus one whose engine reports more than half its KV
     free, and takes the least loaded of them: with loads a=c=2 and b=0 the draw holds b only
     when b is the cold one, so every choice is b once b reports its KV free."""
-    def state(b_free: int) -> _State:  # a new heartbeat is a new view: new dicts (shared_view.py)
+    def state(b_free: int) -> Reads:  # a new heartbeat is a new view: new dicts (shared_view.py)
         live = {"decode": {n: {"kv_blocks": 100, "kv_free_blocks": b_free if n == "b" else 10} for n in "abc"},
                 "prefill": {}}
-        return _State(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None},
+        return Reads(IndexSnapshot([], [], []), live, {"decode": None, "prefill": None},
                       {"decode": {"a": 2, "c": 2}, "prefill": {}})
     routing = _routing("baton")
     cold = state(90)
@@ -86,7 +86,7 @@ def test_engines_that_never_loaded_are_priced_at_the_stores_measured_rate():
     routing = _routing("baton")
     routing.policy.config = type(routing.policy.config)(shared_tier="pool")
     snap = IndexSnapshot([1, 2, 3], [{"a", "pool"}, {"a", "pool"}, {"a", "pool"}], [0, 0, 0])
-    state = _State(snap, live, {"decode": None, "prefill": "a"}, {"decode": {}, "prefill": {}},
+    state = Reads(snap, live, {"decode": None, "prefill": "a"}, {"decode": {}, "prefill": {}},
                    work={"prefill": {"a": 40.0}})
     d = routing._choose("prefill", RoutingRequest((1, 2, 3, 4), session="s"), state, 0.0)
     assert (d.replica, d.reason) == ("b", "moved")  # 40 blocks queued (1.3 s) against 3 loads (5 ms)
@@ -102,8 +102,8 @@ def test_a_stale_beat_that_shows_the_previous_turn_waiting_does_not_move_the_pin
     beat = {"waiting": 1, "oldest_wait_s": 0.1, "ts": 99.1, "prefill_s_per_token": 0.001}
     live = {"decode": {"a": dict(beat), "b": {"ts": 99.9, "prefill_s_per_token": 0.001}}, "prefill": {}}
     baton = _routing("baton")
-    idle = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, NOBODY)
+    idle = Reads(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, NOBODY)
     assert baton._choose("decode", RoutingRequest((), session="s"), idle, 100.0).replica == "a"
-    busy = _State(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None},
+    busy = Reads(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None},
                   {"decode": {"a": 1}, "prefill": {}})
     assert baton._choose("decode", RoutingRequest((), session="s"), busy, 100.0).replica == "b"

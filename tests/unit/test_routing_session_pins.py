@@ -44,3 +44,13 @@ def test_expire_and_forget_replica():
 def test_ttl_must_be_positive():
     with pytest.raises(ValueError):
         SessionPins(ttl_s=0)
+
+
+def test_a_copied_pin_keeps_the_writers_expiry_and_peeking_refreshes_nothing():
+    pins = SessionPins(ttl_s=10)
+    pins.put("s", "r1", expires_at=5.0)
+    assert pins.peek("s", 4.9) == "r1" and pins.peek("s", 5.0) is None
+    assert pins.get("s", 4.0) == "r1"  # get refreshes: 4 + 10
+    assert pins.peek("s", 13.9) == "r1"
+    pins.put("s", "r2", expires_at=20.0)  # another holder moved it: no re-pin counted here
+    assert pins.peek("s", 15) == "r2" and pins.repins == 0

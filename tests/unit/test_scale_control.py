@@ -1,11 +1,10 @@
-"""Pure helpers of bench/scale/scale_control.py: the engines' event rate and the latency summary (common/stats.py)."""
+"""Pure helpers of bench/scale/scale_control.py: the engines' event rate (actors/sim/profile.py) and the latency summary (common/stats.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from actors.sim.profile import GpuProfile
-from bench.scale.scale_control import engine_rates
+from actors.sim.profile import GpuProfile, engine_rates
 from common.stats import latency_summary
 
 

@@ -1,0 +1,120 @@
+"""Session pins streamed to each front (deployments/front/pin_feed.py), on a real Redis: a front that
+joins late loads the pins Redis holds and follows the other fronts' writes; a pinned turn's decision
+then reads no pin from Redis; a lost subscription makes the front load again, reading Redis meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from common.config import BatonConfig
+from deployments.front.metrics import IngressMetrics
+from deployments.front.pin_feed import LocalPins
+from deployments.front.request_routing import RequestRouting
+from routing.prefix.redis_state import Registry, pin_key
+
+
+async def _until(cond, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def sync(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    for name in ("d1", "d2", "d3"):
+        Registry.beat(client, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    return client
+
+
+def _front(client, name: str) -> RequestRouting:
+    cfg = BatonConfig.model_validate({"colocated": True, "routing": {"pin_ttl_s": 30}})
+    return RequestRouting(cfg, client, IngressMetrics(), name)
+
+
+def _calls(sync, command: str) -> int:
+    return int(sync.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_late_front_loads_the_pins_redis_holds_and_follows_the_others(redis_url, sync):
+    sync.set(pin_key("decode", "old"), "d2", px=20_000)
+    sync.set(pin_key("decode", "gone"), "d1", px=1)  # expired before the front loads
+
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_url)
+        time.sleep(0.01)
+        pins = LocalPins(client, 30, time.time)
+        pins.start()
+        await _until(lambda: pins.synced)
+        now = time.time()
+        assert pins.get("decode", "old", now) == "d2" and pins.get("decode", "gone", now) is None
+        assert pins.get("decode", "old", now + 21) is None  # the loaded pin keeps its remaining TTL
+        other = _front(client, "d3")  # another front pins a new session, and moves "old"
+        for session in ("new", "old"):
+            await other.route(list(range(64)), "t", session)
+        await asyncio.gather(*other._pending)
+        want = {s: sync.get(pin_key("decode", s)).decode() for s in ("new", "old")}
+        await _until(lambda: {s: pins.get("decode", s, time.time()) for s in want} == want)
+        await pins.stop()
+        await client.aclose()
+        return pins.resyncs
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_pinned_turn_reads_its_pin_from_memory_and_keeps_it(redis_url, sync):
+    """No Redis read for the pin, and no write of it either while its last write is fresh."""
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_url)
+        a, b = _front(client, "d1"), _front(client, "d2")
+        first = await a.route(list(range(64)), "t", "s")
+        await asyncio.gather(*a._pending)
+        await b.route(list(range(64)), "t", "warm")  # b starts its feeds
+        await _until(lambda: b.pins.synced and b.local.index is not None)
+        await _until(lambda: b.pins.get("decode", "s", time.time()) == first.decode_replica)
+        before = {c: _calls(sync, c) for c in ("mget", "set", "publish")}
+        turns = [await b.route(list(range(64 + 16 * i)), "t", "s") for i in range(1, 4)]
+        await asyncio.gather(*b._pending)
+        # no pin read from Redis, and none written again: a's write is less than 5% of the TTL old
+        assert {c: _calls(sync, c) for c in before} == before
+        for front in (a, b):
+            await asyncio.gather(front.pins.stop(), front.local.stop())
+        await client.aclose()
+        return first, turns
+
+    first, turns = asyncio.run(scenario())
+    assert {t.decode_replica for t in turns} == {first.decode_replica}
+    assert [t.reason for t in turns] == ["pinned"] * 3
+
+
+def test_a_kept_pin_is_written_again_once_a_twentieth_of_its_ttl_has_passed():
+    pins = LocalPins(None, 30, time.time)
+    pins.synced = True
+    pins.wrote([("decode", "s", "d1", 100.0 + 30)])
+    assert pins.fresh("decode", "s", 100.0 + 1.4) and not pins.fresh("decode", "s", 100.0 + 1.6)
+    assert not pins.fresh("decode", "other", 100.0) and not pins.fresh("prefill", "s", 100.0)
+
+
+def test_a_lost_subscription_reads_redis_until_the_pins_are_loaded_again(redis_url, sync):
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_url)
+        front = _front(client, "d1")
+        await front.route(list(range(64)), "t", "s")
+        await _until(lambda: front.pins.synced and front.local.index is not None)
+        sync.client_kill_filter(_type="pubsub")  # the front's subscriptions (pins and index) drop
+        await _until(lambda: front.pins.resyncs == 1)
+        sync.set(pin_key("decode", "s"), "d3", px=20_000)  # written while no front followed the feed
+        turn = await front.route(list(range(64)), "t", "s")
+        await _until(lambda: front.pins.synced)
+        assert front.pins.get("decode", "s", time.time()) in ("d3", turn.decode_replica)
+        await asyncio.gather(front.pins.stop(), front.local.stop())
+        await client.aclose()
+        return turn
+
+    assert asyncio.run(scenario()).decode_replica == "d3"
