@@ -18,8 +18,6 @@ seeded with the parent's hash takes ~67 us for those here, sha256's took ~250.
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
 from collections.abc import Callable, Sequence
 
 import xxhash
@@ -65,12 +63,10 @@ def hash_blocks(
 
 
 def pack_tokens(token_ids: Sequence[int], n: int) -> bytes:
-    """The first `n` token ids as the little-endian int64s that `hash_packed` hashes (an array's
-    C loop: struct.pack of 5k arguments took most of a memo hit's time)."""
-    packed = array("q", token_ids[:n])
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
+    """The first `n` token ids as the little-endian int64s that `hash_packed` hashes. struct's C
+    loop: `array("q", ids)` took 2.2-2.7x as long for 5-7k-token prompts here (110-140 us against
+    50, most of a pinned turn's hashing), lengths varying."""
+    return struct.pack(f"<{n}q", *token_ids[:n])
 
 
 def hash_packed(packed: bytes | memoryview, block_size: int, salt: str | None, parent: int | None) -> list[int]:
