@@ -23,7 +23,7 @@ import asyncio
 
 import msgspec
 
-from deployments.kv_index.index_feed import scan
+from deployments.kv_index.index_feed import FeedFollower, scan
 from routing.prefix.redis_state import P
 from routing.prefix.session_pins import SessionPins
 
@@ -40,18 +40,16 @@ def message(pins: list[tuple[str, str, str, float]]) -> bytes:
     return msgspec.msgpack.encode(pins)
 
 
-class LocalPins:
+class LocalPins(FeedFollower):
     """This front's copy of every live session pin (module docstring). `get` answers only while
     the copy is in step with Redis (`synced`)."""
 
     def __init__(self, redis, ttl_s: float, clock):
         """`clock`: wall-clock seconds (time.time), the pins' expiry times' clock."""
+        super().__init__()
         self.redis, self.ttl_s, self.clock = redis, ttl_s, clock
         self.pins = {pool: SessionPins(ttl_s) for pool in POOLS}
         self.synced = False
-        self.resyncs = 0
-        self._task: asyncio.Future | None = None
-        self._stopping = False
 
     def get(self, pool: str, session: str, now: float) -> str | None:
         """The session's live pin in `pool`, or None. Changes nothing."""
@@ -72,30 +70,6 @@ class LocalPins:
         for pool, session, replica, expires_at in pins:
             if pool in self.pins:
                 self.pins[pool].put(session, replica, expires_at)
-
-    def start(self) -> None:
-        """Starts following the feed on the running event loop (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-
-    async def stop(self) -> None:
-        """Stops following the feed; call it before the Redis client closes."""
-        self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=5)
-
-    async def _run(self) -> None:
-        while not self._stopping:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - a restart or Redis away: load again
-                if asyncio.current_task().cancelling():
-                    raise asyncio.CancelledError from None
-                self.resyncs += 1
-                await asyncio.sleep(0.5)
 
     async def _load(self) -> None:
         """Fills the copy with the pins Redis holds, each until its remaining TTL runs out."""

@@ -129,15 +129,13 @@ async def scan(redis, pattern: str, batch: int):
             return
 
 
-class LocalIndex:
-    """This front's copy of the KV index, kept by the feed (module docstring). `index` is a
-    PrefixIndex while in step with the indexer, None while (re)loading."""
+class FeedFollower:
+    """Follows a Redis feed in a task of its own: `_follow()` (a subclass's) subscribes, loads and
+    applies messages until the connection fails; then `_lost()` runs and, half a second later, the
+    next `_follow()` loads again. `resyncs` counts the losses."""
 
-    def __init__(self, redis, on_resync=None):
-        self.redis = redis
-        self.index: PrefixIndex | None = None
+    def __init__(self):
         self.resyncs = 0
-        self._on_resync = on_resync
         self._task: asyncio.Future | None = None
         self._stopping = False
 
@@ -154,6 +152,12 @@ class LocalIndex:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=5)
 
+    async def _follow(self) -> None:
+        raise NotImplementedError
+
+    def _lost(self) -> None:
+        """What a lost feed changes, before the next load."""
+
     async def _run(self) -> None:
         while not self._stopping:
             try:
@@ -163,11 +167,25 @@ class LocalIndex:
             except Exception:  # noqa: BLE001 - a gap, a restart or Redis away: load again
                 if asyncio.current_task().cancelling():  # stopping: an error on the way out ends it too
                     raise asyncio.CancelledError from None
-                self.index = None
                 self.resyncs += 1
-                if self._on_resync:
-                    self._on_resync()
+                self._lost()
                 await asyncio.sleep(0.5)
+
+
+class LocalIndex(FeedFollower):
+    """This front's copy of the KV index, kept by the feed (module docstring). `index` is a
+    PrefixIndex while in step with the indexer, None while (re)loading."""
+
+    def __init__(self, redis, on_resync=None):
+        super().__init__()
+        self.redis = redis
+        self.index: PrefixIndex | None = None
+        self._on_resync = on_resync
+
+    def _lost(self) -> None:
+        self.index = None
+        if self._on_resync:
+            self._on_resync()
 
     async def _follow(self) -> None:
         pubsub = self.redis.pubsub()

@@ -15,13 +15,7 @@ from deployments.front.metrics import IngressMetrics
 from deployments.front.pin_feed import LocalPins
 from deployments.front.request_routing import RequestRouting
 from routing.prefix.redis_state import Registry, pin_key
-
-
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+from tests.unit.test_index_feed import _until
 
 
 @pytest.fixture
