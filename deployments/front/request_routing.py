@@ -73,10 +73,11 @@ class RequestRouting:
         return min(blocks * self.bs, (prompt_len - 1) // self.bs * self.bs)
 
     async def _read(self, hashes: tuple[int, ...], session: str | None, now: float) -> Reads:
-        """Everything one decision needs, in one round trip: the pins, and the index slice and the
-        registry with every front's counts where this front has no copy of them (index_feed.py,
-        shared_view.py). With both copies at hand it reads only the pins of the pools that have
-        live replicas, in one command (a pipeline's bookkeeping was a tenth of a decision)."""
+        """Everything one decision needs, in at most one round trip: the pins, the index slice and
+        the registry with every front's counts where this front has no copy of them (pin_feed.py,
+        index_feed.py, shared_view.py). With the index and view at hand it reads only the pins of
+        the pools that have live replicas, in one MGET (a pipeline's bookkeeping was a tenth of a
+        decision), and with the pins too, nothing."""
         local = None
         if self.local is not None:
             self.local.start()

@@ -34,7 +34,7 @@ class Route:
 
 @dataclass
 class Reads:
-    """What one decision reads from Redis."""
+    """What one decision reads, from Redis or from this front's copies."""
 
     snap: IndexSnapshot
     live: dict[str, dict[str, dict]]  # pool -> replica -> registry entry
