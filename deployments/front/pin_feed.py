@@ -29,7 +29,7 @@ from routing.prefix.session_pins import SessionPins
 
 CHANNEL = f"{P}pins:feed"
 POOLS = ("prefill", "decode")
-SWEEP_S = 10.0  # how often expired pins leave the copy
+SWEEP_S = 10.0  # how often expired pins leave the copy (a tenth of their TTL, if shorter)
 REFRESH = 0.05  # a kept pin is written again once this share of its TTL has passed since its last write
 _decode = msgspec.msgpack.Decoder()
 
@@ -60,6 +60,13 @@ class LocalPins(FeedFollower):
         expiry is further than the rest)."""
         expires_at = self.pins[pool].expires_at(session)
         return expires_at is not None and expires_at - now > (1 - REFRESH) * self.ttl_s
+
+    def sessions(self, pool: str, replicas) -> dict[str, int]:
+        """Live sessions pinned to each of `replicas` in `pool`: what places a new session, as
+        redis_state.PLACE counts them from Redis (expired pins count until the next sweep, at most
+        a tenth of their TTL). Changes nothing."""
+        table = self.pins[pool]
+        return {r: table.held(r) for r in replicas}
 
     def wrote(self, pins: list[tuple[str, str, str, float]]) -> None:
         """Applies this front's own writes at once (the feed brings them back later, unchanged)."""
@@ -99,7 +106,7 @@ class LocalPins(FeedFollower):
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if msg is not None and msg.get("type") == "message":
                     self._apply(_decode.decode(msg["data"]))
-                if (now := self.clock()) - swept >= SWEEP_S:
+                if (now := self.clock()) - swept >= min(SWEEP_S, self.ttl_s / 10):
                     swept = now
                     for pins in self.pins.values():
                         pins.expire(now)

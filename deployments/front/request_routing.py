@@ -1,19 +1,17 @@
 """The front's side of routing: one decision per request, on shared state.
 
 For each request it hashes the prompt's full blocks with the tenant's salt
-(only what the session's last prompt did not have, routing/prefix/hash_memo.py),
-matches them against the KV index in its memory (deployments/kv_index/index_feed.py)
-and reads the session's pins from its memory too (deployments/front/pin_feed.py;
-one Redis round trip while that copy loads); a session without a live pin costs
-one round trip: the live sessions per replica that place it. The
-pure policy then picks a decode replica and, unless the decode replica can
-get all but a few tokens of the prompt from its own cache or the Mooncake
-store (the request then runs decode-only), a prefill replica. Pin updates
-are written without waiting for them. Load per replica (deployments/front/shared_view.py)
-is what every live front has in flight there (or this front, if more), the
-prefill blocks they sent it that it has not computed yet (its queue, priced
-at the pool's measured rate), its empty KV blocks from its heartbeat, and
-how long its engine's oldest unscheduled request has waited.
+(what the session's last prompt lacked, routing/prefix/hash_memo.py), matches
+them against the KV index in its memory (deployments/kv_index/index_feed.py),
+reads the session's pins, or places a new session, from the pins in its memory
+(deployments/front/pin_feed.py; from Redis while that copy loads), and the
+pure policy picks a decode replica and, unless it can get all but a few tokens
+of the prompt from its own cache or the Mooncake store (decode-only), a
+prefill replica. Pin writes do not wait for Redis. Load per replica
+(deployments/front/shared_view.py) is what every live front has in flight
+there (or this front, if more), the prefill blocks sent to it and not yet
+computed (priced at the pool's measured rate), its empty KV blocks from its
+heartbeat, and how long its engine's oldest unscheduled request has waited.
 """
 
 from __future__ import annotations
@@ -54,8 +52,12 @@ class RequestRouting:
         self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self.work: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
+        # Placement tickets with the pins in memory: each front's own turns, from its own offset.
+        self._tickets = itertools.count(random.Random(front).randrange(1 << 16))
         self.metrics = metrics
         self._pending: set[asyncio.Future] = set()
+        self._batch: list = []  # pin writes queued for the next flush (_send)
+        self._flusher: asyncio.Future | None = None
         self._place = redis_client.register_script(redis_state.PLACE) if redis_client is not None else None
         # The index in this front's memory, kept by the indexer's feed (index_feed.py).
         self.local = LocalIndex(redis_client) if redis_client is not None and cfg.routing.local_index else None
@@ -115,12 +117,17 @@ class RequestRouting:
         return pins
 
     async def _read_placement(self, state: Reads, session: str, now: float) -> None:
-        """For each pool where `session` has no live pin (a new session, or its replica left):
-        reserves it a place among the pool's live replicas (`redis_state.PLACE`) and records in `state`
-        the live sessions each held before, the ticket and the reservation. Changes Redis: the
-        pool's ticket counter, and the reserved replica's session set, which `_write_pins`
-        corrects when the policy chooses another replica."""
+        """For each pool where `session` has no live pin (new, or its replica left): records in
+        `state` each live replica's live sessions and a ticket that takes turns among the tied.
+        From this front's copy of the pins, in step (pin_feed.py), with its own tickets: no round
+        trip. Else `redis_state.PLACE`, which also reserves the place (`state.reserved`; Redis's
+        ticket counter and the replica's session set, corrected by `_write_pins`)."""
         pools = [p for p in POOLS if state.live[p] and state.pins[p] not in state.live[p]]
+        if self.pins is not None and self.pins.synced:
+            for pool in pools:
+                state.placement[pool] = next(self._tickets)
+                state.sessions[pool] = self.pins.sessions(pool, state.live[pool])
+            return
         ttl_s = self.cfg.routing.pin_ttl_s
 
         async def place(pool: str) -> None:
@@ -184,12 +191,10 @@ class RequestRouting:
         return names, base
 
     def _load(self, pool: str, replica: str, state: Reads) -> int:
-        """Requests on `replica`: what every live front had in flight there at this decision's
-        read, or what this front has if more (its own writes may not have landed yet). The
-        engine's own count in its heartbeat (`unfinished`) is not used: it is up to
-        `routing.heartbeat_s` old, longer than a prompt takes here, and every request an
-        engine runs came through a front, so the fronts' counts already hold it. A stale
-        count moved sessions off replicas that had drained (bench affinity, PD pool on)."""
+        """Requests on `replica`: every live front's in flight there at this decision's read, or
+        this front's if more (its writes may not have landed). Not the engine's `unfinished` from
+        its heartbeat, up to `routing.heartbeat_s` old: that stale count moved sessions off
+        replicas that had drained (bench affinity, PD pool on)."""
         return max(self.inflight[pool][replica], state.inflight[pool].get(replica, 0))
 
     @staticmethod
@@ -216,29 +221,48 @@ class RequestRouting:
         if self.pins is not None:
             self.pins.wrote(pins)
 
+        # Session sets serve placements read from Redis: unused where the pins are in memory.
+        counted = not (self.pins is not None and self.pins.synced and not state.reserved)
+
         def queue(pipe) -> None:
             for pool in POOLS:
                 replica = chosen.get(pool)
                 stale = {state.reserved.get(pool)} | ({state.pins[pool]} if replica else set())
-                for old in stale - {None, replica}:
+                for old in stale - {None, replica} if counted else ():
                     pipe.zrem(redis_state.sessions_key(pool, old), session)
                 if replica is None:
                     continue
                 pipe.set(redis_state.pin_key(pool, session), replica, px=ttl)
-                key = redis_state.sessions_key(pool, replica)
-                pipe.zadd(key, {session: now})  # expired sessions leave at the next placement
-                pipe.pexpire(key, ttl)  # a replica that left takes its set with it
+                if counted:
+                    key = redis_state.sessions_key(pool, replica)
+                    pipe.zadd(key, {session: now})  # expired sessions leave at the next placement
+                    pipe.pexpire(key, ttl)  # a replica that left takes its set with it
             if pins and self.pins is not None:  # after the SETs: a front that loads meanwhile misses neither
                 pipe.publish(PIN_CHANNEL, pin_message(pins))
         self._send(queue)
 
     def _send(self, queue) -> None:
-        """Runs the writes `queue` adds to a pipeline, without waiting for Redis."""
-        pipe = self.redis.pipeline(transaction=False)
-        queue(pipe)
-        task = asyncio.ensure_future(pipe.execute())
-        self._pending.add(task)
-        task.add_done_callback(self._written)
+        """Runs the writes `queue` adds to a pipeline, without waiting for Redis: all queued since
+        the last flush in one pipeline, in order (one each took a connection each: 48 for 50)."""
+        self._batch.append(queue)
+        if self._flusher is None:
+            self._flusher = task = asyncio.ensure_future(self._flush())
+            self._pending.add(task)
+            task.add_done_callback(self._written)
+
+    async def _flush(self) -> None:
+        try:
+            while self._batch:
+                batch, self._batch = self._batch, []
+                pipe = self.redis.pipeline(transaction=False)
+                for queue in batch:
+                    queue(pipe)
+                try:
+                    await pipe.execute()
+                except Exception:  # noqa: BLE001 - counted; the next decisions' writes still go
+                    self.metrics.write_errors.inc()
+        finally:
+            self._flusher = None
 
     def _publish(self, counts: dict[str, str]) -> None:
         """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
@@ -268,7 +292,7 @@ class RequestRouting:
 
     def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if not task.cancelled() and task.exception() is not None:  # a count write (_flush counts its own)
             self.metrics.write_errors.inc()
 
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:

@@ -12,6 +12,7 @@ and the in-process implementation.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -30,6 +31,21 @@ class SessionPins:
         self.ttl_s = ttl_s
         self.repins = 0  # pins moved from one live replica entry to another
         self._pins: dict[str, _Pin] = {}
+        self._held: Counter[str] = Counter()  # replica -> pins held, expired ones not yet dropped included
+
+    def _set(self, session: str, pin: _Pin) -> None:
+        old = self._pins.get(session)
+        if old is not None:
+            self._held[old.replica] -= 1
+        self._pins[session] = pin
+        self._held[pin.replica] += 1
+
+    def _drop(self, session: str) -> None:
+        self._held[self._pins.pop(session).replica] -= 1
+
+    def held(self, replica: str) -> int:
+        """Pins to ``replica``, counting expired ones until a read or ``expire`` drops them. Changes nothing."""
+        return self._held.get(replica, 0)
 
     def get(self, session: str, now: float) -> str | None:
         """Return the pinned replica, or None if absent or expired.
@@ -40,7 +56,7 @@ class SessionPins:
         if pin is None:
             return None
         if pin.expires_at <= now:
-            del self._pins[session]
+            self._drop(session)
             return None
         pin.expires_at = now + self.ttl_s
         return pin.replica
@@ -55,7 +71,7 @@ class SessionPins:
         moved = old is not None and old.expires_at > now and old.replica != replica
         if moved:
             self.repins += 1
-        self._pins[session] = _Pin(replica, now + self.ttl_s)
+        self._set(session, _Pin(replica, now + self.ttl_s))
         return moved
 
     def peek(self, session: str, now: float) -> str | None:
@@ -71,20 +87,20 @@ class SessionPins:
     def put(self, session: str, replica: str, expires_at: float) -> None:
         """Sets the pin as another holder of the pins wrote it: to ``replica`` until ``expires_at``
         (a copy kept from a feed). Counts no re-pin."""
-        self._pins[session] = _Pin(replica, expires_at)
+        self._set(session, _Pin(replica, expires_at))
 
     def expire(self, now: float) -> int:
         """Drop every pin expired at ``now``; return how many were dropped."""
         dead = [s for s, p in self._pins.items() if p.expires_at <= now]
         for s in dead:
-            del self._pins[s]
+            self._drop(s)
         return len(dead)
 
     def forget_replica(self, replica: str) -> int:
         """Drop every pin to ``replica`` (it died or left); return how many."""
         dead = [s for s, p in self._pins.items() if p.replica == replica]
         for s in dead:
-            del self._pins[s]
+            self._drop(s)
         return len(dead)
 
     def __len__(self) -> int:

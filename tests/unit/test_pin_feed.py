@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import pytest
 import redis
@@ -112,3 +113,32 @@ def test_a_lost_subscription_reads_redis_until_the_pins_are_loaded_again(redis_u
         return turn
 
     assert asyncio.run(scenario()).decode_replica == "d3"
+
+
+def test_fronts_with_the_pins_in_memory_place_a_burst_evenly_without_a_round_trip(redis_url, sync):
+    """New sessions placed from the fronts' copies: fewest sessions first, each front taking turns
+    from its own ticket; no placement script and no session set written."""
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_url)
+        fronts = [_front(client, f) for f in ("d1", "d2")]
+        for f in fronts:
+            await f.route(list(range(64)), "t", f"warm-{f.front}")
+        await _until(lambda: all(f.pins.synced and f.local.index is not None for f in fronts))
+        for f in fronts:
+            await asyncio.gather(*f._pending)
+        before = {c: _calls(sync, c) for c in ("evalsha", "zadd", "mget")}
+        routes = await asyncio.gather(*(fronts[i % 2].route(list(range(i * 100, i * 100 + 64)), "t", f"s{i}")
+                                        for i in range(12)))
+        for f in fronts:
+            await asyncio.gather(*f._pending)
+        after = {c: _calls(sync, c) for c in before}
+        for f in fronts:
+            await asyncio.gather(f.pins.stop(), f.local.stop())
+        await client.aclose()
+        return routes, before, after
+
+    routes, before, after = asyncio.run(scenario())
+    assert after == before  # no script, no session set, no pin read
+    # with the two warm sessions (one each, on any replicas) 14 sessions over 3 replicas: 4 to 6 each
+    placed = Counter(r.decode_replica for r in routes)
+    assert sum(placed.values()) == 12 and max(placed.values()) - min(placed.values()) <= 2, placed

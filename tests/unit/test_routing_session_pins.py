@@ -54,3 +54,18 @@ def test_a_copied_pin_keeps_the_writers_expiry_and_peeking_refreshes_nothing():
     assert pins.peek("s", 13.9) == "r1"
     pins.put("s", "r2", expires_at=20.0)  # another holder moved it: no re-pin counted here
     assert pins.peek("s", 15) == "r2" and pins.repins == 0
+
+
+def test_held_counts_each_replicas_pins_through_every_change():
+    pins = SessionPins(ttl_s=10)
+    pins.pin("a", "r1", now=0)
+    pins.pin("b", "r1", now=0)
+    pins.put("c", "r2", expires_at=5)
+    assert (pins.held("r1"), pins.held("r2")) == (2, 1)
+    pins.pin("b", "r2", now=1)  # moved
+    assert (pins.held("r1"), pins.held("r2")) == (1, 2)
+    assert pins.get("c", now=6) is None  # expired on read: dropped
+    assert pins.held("r2") == 1
+    pins.put("d", "r2", expires_at=8)
+    assert pins.expire(now=9) == 1 and pins.held("r2") == 1  # d went, b (until 11) stays
+    assert pins.forget_replica("r1") == 1 and pins.held("r1") == 0 and pins.held("nobody") == 0
