@@ -5,11 +5,11 @@ Two figures, each on the real code and a real redis-server (started here, on
 
 1. ``routing``: one routing decision is ``RequestRouting.route`` of
    deployments/front/request_routing.py, exactly what a front awaits per request:
-   tenant-salted block hashing, what it reads from Redis (the pins and the index
-   slice only without the front's copies, deployments/front/pin_feed.py and
-   deployments/kv_index/index_feed.py; the registry and the fronts' counts only
-   when its shared view is stale), the placement script for a session without
-   a pin, the policy and the pin writes it queues without waiting. Redis holds
+   tenant-salted block hashing, what it reads from Redis (the pins, a new
+   session's placement script and the index slice only without the front's
+   copies, deployments/front/pin_feed.py and deployments/kv_index/index_feed.py;
+   the registry and the fronts' counts only when its shared view is stale),
+   the policy and the pin writes it queues without waiting. Redis holds
    ``replicas`` colocated replicas (each a front) with heartbeats, in-flight and
    queued-work fields for every (replica, front) pair, ``sessions`` pinned
    sessions, every tenant's system prompt indexed on every replica and active
