@@ -137,7 +137,7 @@ async def _load(url: str, args, seed: int) -> list[tuple[float, float | None]]:
 
 
 def _watch(stack: StackProcess) -> subprocess.Popen:
-    state = json.loads((Path(stack.cfg["state_dir"]) / "state.json").read_text())
+    state = stack.state()
     env = {**os.environ, "RAY_AUTH_MODE": "token", **loopback.ray_env()}
     return subprocess.Popen([sys.executable, "-c", WATCH, state["ray_address"]], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT, env=env)

@@ -112,8 +112,7 @@ class StackProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"baton up exited with {self.proc.returncode}:\n{self.tail()}")
             if "Baton is ready" in self.log.read_text(errors="replace"):
-                state = Path(self.cfg["state_dir"]) / "state.json"
-                self.children = json.loads(state.read_text())["children"]
+                self.children = self.state()["children"]
                 return
             time.sleep(0.2)  # a test or bench waits on every start: 0.4 s a start saved over a 1 s poll
         raise TimeoutError(f"baton up not ready in {READY_TIMEOUT_S}s:\n{self.tail()}")

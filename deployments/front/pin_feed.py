@@ -27,12 +27,12 @@ import asyncio
 
 import msgspec
 
+from deployments.front.shared_view import POOLS
 from deployments.kv_index.index_feed import FeedFollower, scan
 from routing.prefix.redis_state import P
 from routing.prefix.session_pins import SessionPins
 
 CHANNEL = f"{P}pins:feed"
-POOLS = ("prefill", "decode")
 SWEEP_S = 10.0  # how often expired pins leave the copy (a tenth of their TTL, if shorter)
 REFRESH = 0.05  # a kept pin is written again once this share of its TTL has passed since its last write
 _decode = msgspec.msgpack.Decoder()

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -91,8 +90,7 @@ def _kill_indexer(stack) -> None:
 
 
 def _kill_redis(stack) -> None:
-    state = Path(stack.cfg["state_dir"]) / "state.json"
-    name, pid = next((n, p) for n, p in json.loads(state.read_text())["children"].items() if "redis" in n)
+    name, pid = next((n, p) for n, p in stack.state()["children"].items() if "redis" in n)
     os.kill(pid, signal.SIGKILL)
     _wait("redis", lambda: _redis(stack).ping() and len(_live(stack, "decode")) == 2
           and _redis(stack).exists("baton:indexer:epoch"))
@@ -142,10 +140,9 @@ def test_the_index_drops_what_the_store_lost(stack):
     store holdings shrink to what was saved since."""
     r = _redis(stack)
     assert r.scard("baton:idx:r:store") > 100
-    state = Path(stack.cfg["state_dir"]) / "state.json"
-    pid = json.loads(state.read_text())["children"]["mooncake-store"]
+    pid = stack.state()["children"]["mooncake-store"]
     os.kill(pid, signal.SIGKILL)
-    _wait("mooncake store", lambda: json.loads(state.read_text())["children"]["mooncake-store"] != pid
+    _wait("mooncake store", lambda: stack.state()["children"]["mooncake-store"] != pid
           and _store_healthy(stack), 120)
     deadline = time.monotonic() + 60
     while r.scard("baton:idx:r:store") > 20:  # one cold prompt's blocks, saved after the restart

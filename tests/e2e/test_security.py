@@ -3,7 +3,6 @@ keys, size limits, and no keys or prompt text in logs, /metrics or status."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 import uuid
@@ -73,7 +72,7 @@ def test_oversized_inputs_get_4xx_and_the_server_keeps_serving(stack):
 
 
 def _log_files(stack) -> list[Path]:
-    state = json.loads((Path(stack.cfg["state_dir"]) / "state.json").read_text())
+    state = stack.state()
     roots = [Path(stack.cfg["state_dir"]), Path(state["ray_session_dir"]) / "logs"]
     traces = Path(stack.cfg["tracing"]["file"])
     files = [stack.log, traces] + [p for root in roots for p in root.rglob("*") if p.is_file()]

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,10 +16,6 @@ from tests.e2e import prompts
 from tests.e2e.test_routing import chat
 
 pytestmark = pytest.mark.usefixtures("destructive")
-
-
-def _state(stack) -> dict:
-    return json.loads((Path(stack.cfg["state_dir"]) / "state.json").read_text())
 
 
 def _store_state(stack) -> str:
@@ -32,13 +27,13 @@ def _store_state(stack) -> str:
 def test_requests_survive_a_mooncake_process_dying_and_kv_flows_again(stack, child):
     before = chat(stack, prompts.make(f"{child}-before", 200)).json()["baton"]
     assert before["decode_cached_tokens"] > 0
-    pid = _state(stack)["children"][child]
+    pid = stack.state()["children"][child]
     os.kill(pid, signal.SIGKILL)
     for i in range(3):  # served meanwhile, recomputing what the store cannot give
         r = chat(stack, prompts.make(f"{child}-down-{i}", 200))
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
     deadline = time.monotonic() + 60
-    while (_state(stack)["children"][child] == pid
+    while (stack.state()["children"][child] == pid
            or _store_state(stack) != "healthy") and time.monotonic() < deadline:
         time.sleep(1)
     assert _store_state(stack) == "healthy"
