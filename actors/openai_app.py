@@ -54,6 +54,48 @@ class PrefillResult:
     drain_end: str = ""  # what ended the wait: none_left, push, recheck, poll or timeout
 
 
+ENGINE_DEAD_RETRY_S = 1
+
+
+class _NoServer:
+    """What vLLM's engine-error handler finds as `app.state.server`: it asks `vllm serve`'s uvicorn
+    server to exit once the engine died (`should_exit`); a replica's app has no server of its own."""
+
+    should_exit = False
+
+
+def _engine_errors(app) -> None:
+    """Answers an engine's failure as the replica's own: vLLM's handler for it stops the uvicorn
+    server of `vllm serve` (`app.state.server`), which this in-process app does not have; it raised
+    AttributeError there, and the client got a 500 naming it. A dead engine is a 503 with
+    Retry-After, in OpenAI's shape (the catalogue wakes the model again; Serve replaces a replica
+    whose engine died, its health check failing); a failed generation is the error vLLM would
+    answer. vLLM's `build_app` has built the app's middleware already, so the handlers go to its
+    ExceptionMiddleware too. Changes `app`: its handlers for these two errors and `state.server`."""
+    from starlette.middleware.exceptions import ExceptionMiddleware
+    from starlette.responses import JSONResponse
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    async def dead(_request, _exc):
+        body = {"error": {"message": "the model's engine stopped; retry shortly", "type": "server_error",
+                          "param": None, "code": "engine_unavailable"}}
+        return JSONResponse(body, status_code=503, headers={"retry-after": str(ENGINE_DEAD_RETRY_S)})
+
+    async def failed(_request, exc):
+        err = create_error_response(exc)
+        return JSONResponse(err.model_dump(), status_code=err.error.code)
+
+    app.state.server = _NoServer()
+    layer = app.middleware_stack
+    while layer is not None and not isinstance(layer, ExceptionMiddleware):
+        layer = getattr(layer, "app", None)
+    for target in (app, layer):
+        if target is not None:
+            target.add_exception_handler(EngineDeadError, dead)
+            target.add_exception_handler(EngineGenerateError, failed)
+
+
 def frontend_args(cfg: BatonConfig):
     """vLLM's FrontendArgs for the in-process server (no vLLM CLI parsing)."""
     from vllm.entrypoints.launchers.cli_args import FrontendArgs
@@ -129,6 +171,7 @@ class EngineApp:
         tasks = await self.engine.get_supported_tasks()
         self.app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, self.app.state, args, tasks)
+        _engine_errors(self.app)
         self.state = self.app.state
 
     async def _watch_saves(self) -> None:
