@@ -41,8 +41,10 @@ class Heartbeat:
                 pass  # Redis briefly away: the next beat retries
 
     def stop(self) -> None:
-        """Stops beating and removes the entry (a clean shutdown)."""
+        """Stops beating and removes the entry (a clean shutdown, or an engine that died), after a
+        beat in progress: one landing after the removal would list the replica again."""
         self._stop.set()
+        self._thread.join(timeout=5)
         try:
             self.client.hdel(registry_key(self.pool), self.replica)
         except redis.RedisError:

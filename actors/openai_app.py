@@ -210,13 +210,18 @@ class EngineApp:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-        if kind == "chat":
-            result = await self.state.openai_serving_chat.render_chat_request(
-                ChatCompletionRequest.model_validate(body))
-            inputs = result if isinstance(result, ErrorResponse) else result[1]
-        elif kind == "text":
-            inputs = await self.state.openai_serving_completion.render_completion_request(
-                CompletionRequest.model_validate(body))
+        if kind in ("chat", "text"):
+            # vLLM's render_chat_request / render_completion_request less their engine preflight: the
+            # prompt is rendered to route it, and the engine that runs it checks its own health and
+            # admission then (a dead engine here must not keep the front from routing elsewhere).
+            chat = kind == "chat"
+            serving = self.state.openai_serving_chat if chat else self.state.openai_serving_completion
+            request = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+            inputs = await serving._check_model(request)
+            if inputs is None:
+                renderer = serving.online_renderer
+                result = await (renderer.render_chat(request) if chat else renderer.render_completion(request))
+                inputs = result[1] if chat and not isinstance(result, ErrorResponse) else result
         else:  # vLLM's own conversion of a Responses or Messages request (deployments/api/apis.py)
             # On a copy: vLLM's validators put their own objects into the dict they check.
             request = request_model(kind).model_validate(json.loads(json.dumps(body)))

@@ -41,6 +41,10 @@ def _engine_env(cfg: BatonConfig, mooncake_config: Path | None) -> dict[str, str
 # `vllm serve` at c8) and sleeps only in idle gaps. Where several engines share the cores
 # (the launcher's thread split), a spinning reader takes the other engines' CPU: 2 ms.
 SPIN_ALONE_S, SPIN_SHARED_S = 0.1, 0.002
+# How often Serve asks a replica whether it is healthy (`EngineReplica.check_health`): a replica
+# whose engine died forwards its requests meanwhile (replica.py `_watch_engine`), so this bounds how
+# long the pool runs an engine short; Serve's default, 10 s, left it short 34 s (`baton bench chaos`).
+HEALTH_CHECK_S = 2
 
 
 def _plugin_env(pool: PoolConfig, split: dict[str, str]) -> dict[str, str]:
@@ -73,7 +77,7 @@ def _pool(cfg: BatonConfig, role: str, pool: PoolConfig, mooncake_config: Path |
         num_replicas=pool.replicas,
         ray_actor_options=options,
         max_ongoing_requests=pool.max_ongoing_requests,
-        health_check_period_s=10,
+        health_check_period_s=HEALTH_CHECK_S,
         health_check_timeout_s=30,
         # No Serve request reaches a replica (its traffic is HTTP on its own ports), so Serve's drain,
         # which waits this long for requests on their way before it counts ongoing ones, waits for

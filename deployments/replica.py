@@ -62,6 +62,7 @@ def _internal_host(configured: str) -> str:
 # `graceful_shutdown_timeout_s` (deployments/app.py) after it began to stop, which leaves the
 # engine's own shutdown a few seconds more.
 DRAIN_S = 10.0
+ENGINE_WATCH_S = 0.1  # how often a replica looks whether its engine died (`_watch_engine`)
 
 
 class EngineReplica:
@@ -80,6 +81,8 @@ class EngineReplica:
         self.batch_runner = None  # a front's Batch API runner
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
+        self.routing = None  # its front's RequestRouting, where it routes
+        self._watch_task = None  # `_watch_engine`
         self.leases = None
         self.keys = None
         self.loop = asyncio.new_event_loop()
@@ -142,6 +145,27 @@ class EngineReplica:
             "capacity_blocks": self.engine.capacity_blocks, "url": self.url,
             "events_replay": self.engine.events_replay},
             load=self._load)
+        if not self.cfg.models:  # a catalogue's engines die and wake one by one (model_host.py)
+            self._watch_task = asyncio.ensure_future(self._watch_engine())
+
+    async def _watch_engine(self) -> None:
+        """Takes this replica out of routing once its engine died (its engine core crashed alone):
+        out of the registry, so no router sends it anything new, and out of its own front's view,
+        so the front forwards what it still receives to the other replicas (an unrouted colocated
+        front spills to its peers, `_running`). Serve replaces the replica at its next health
+        check (`check_health`); until then its clients get answers, not 503s."""
+        while not self.engine.errored():
+            await asyncio.sleep(ENGINE_WATCH_S)
+        logger.warning("replica %s: its engine died; out of the registry, its front forwards to the other "
+                       "replicas until Serve replaces it", self.replica)
+        if self.routing is not None:
+            self.routing.view.forget(self.pool, self.replica)
+        await asyncio.to_thread(self.heartbeat.stop)
+
+    def _running(self) -> int | None:
+        """Requests in this replica's engine; None once it died (permit_leases then publishes no URL
+        for the other fronts to spill to)."""
+        return None if self.engine.errored() else self.engine.running()
 
     def _load(self) -> dict:
         """What the next heartbeat reports: the engine's load, and its speculation where it has any."""
@@ -184,7 +208,7 @@ class EngineReplica:
         # replica until the set's TTL), readiness and key reads: a connection Redis closed by
         # restarting is retried once instead of turning the request into a fallback route.
         client = self.cfg.redis.client(asynchronous=True, reconnect=True, socket_timeout=5)
-        routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
+        self.routing = routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
         # Any front may send to any decode replica's engine, so the fronts lease
         # the pool's permits from Redis (deployments/admission/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))
@@ -203,7 +227,7 @@ class EngineReplica:
         # which must not be one a routing read is using.
         self.leases = PermitLeases(self.cfg.redis.client(asynchronous=True, socket_timeout=1),
                                    self.replica, self.cfg.admission, gate,
-                                   engine=(self.url, self.engine.running) if colocated else None,
+                                   engine=(self.url, self._running) if colocated else None,
                                    on_peers=front.spill_view if colocated else None)
         return front
 
@@ -267,8 +291,9 @@ class EngineReplica:
     def __del__(self):  # also runs when the constructor failed half-way
         if getattr(self, "heartbeat", None) is not None:
             self.heartbeat.stop()  # out of the registry: routers send it nothing new
-        if getattr(self, "_load_task", None) is not None:
-            self.loop.call_soon_threadsafe(self._load_task.cancel)
+        for task in (getattr(self, "_load_task", None), getattr(self, "_watch_task", None)):
+            if task is not None:
+                self.loop.call_soon_threadsafe(task.cancel)
         if not drain(getattr(self, "servers", ()), getattr(self, "tasks", ()), DRAIN_S):
             logger.warning("replica %s: %d HTTP requests still running after %.0f s; stopping the engine",
                            getattr(self, "replica", "?"), getattr(self, "in_flight", 0), DRAIN_S)

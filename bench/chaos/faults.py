@@ -5,6 +5,10 @@ a crash would:
 - `decode` / `prefill`: one replica of that pool, its process and its vLLM
   engine core (a colocated replica is a `decode` one); Serve starts a
   replacement, back when the pool has as many live replicas as before;
+- `engine`: the vLLM engine core of one decode (or colocated) replica, alone: the
+  replica leaves the registry at once and its front forwards to the others
+  (deployments/replica.py `_watch_engine`) until Serve replaces it at its health
+  check; back as `decode` is;
 - `indexer`: the KV indexer's actor (`ray.kill`, Ray's SIGKILL of an actor);
   Serve starts another, back when one is alive;
 - `redis`, `mooncake-master`, `mooncake-store`, and `ingress` (the first of
@@ -34,7 +38,8 @@ from routing.prefix.redis_state import registry_key
 
 POOL_FAULTS = ("decode", "prefill")
 CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store", "ingress")
-FAULTS = (*POOL_FAULTS, "indexer", *CHILD_FAULTS)
+ENGINE = "engine"  # a decode replica's engine core alone
+FAULTS = (*POOL_FAULTS, ENGINE, "indexer", *CHILD_FAULTS)
 FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, "indexer", *CHILD_FAULTS))
 
 _INDEXER = """
@@ -55,6 +60,11 @@ def _live(stack: StackProcess, pool: str) -> list[str]:
     except redis_lib.RedisError:
         return []
     return sorted(k.decode() for k, v in raw.items() if time.time() - json.loads(v)["ts"] <= timeout)
+
+
+def _pool(component: str) -> str:
+    """The pool a replica fault hits: an engine fault's is decode."""
+    return "decode" if component == ENGINE else component
 
 
 def _children(stack: StackProcess) -> dict[str, int]:
@@ -98,8 +108,8 @@ class Fault:
 
     def applies(self) -> bool:
         """Whether this stack has the component (a colocated stack has no prefill pool)."""
-        if self.component in POOL_FAULTS:
-            return bool(_live(self.stack, self.component))
+        if self.component in (*POOL_FAULTS, ENGINE):
+            return bool(_live(self.stack, _pool(self.component)))
         if self.component in CHILD_FAULTS:
             return any(self.component in name for name in _children(self.stack))
         return True
@@ -117,10 +127,15 @@ class Fault:
         s, c = self.stack, self.component
         if self.freeze_s is not None:
             return self._freeze()
-        if c in POOL_FAULTS:
-            self.before = _live(s, c)
+        if c in (*POOL_FAULTS, ENGINE):
+            self.before = _live(s, _pool(c))
             victim = self.before[0]
-            s.crash(s.replica_processes(c, victim))
+            processes = s.replica_processes(_pool(c), victim)  # the replica's own process first
+            if c == ENGINE:
+                if len(processes) < 2:
+                    raise RuntimeError(f"replica {victim} has no engine core process on this machine")
+                processes = processes[1:]
+            s.crash(processes)
             return victim
         if c == "indexer":
             self.before = _indexers(s, "kill")
@@ -176,8 +191,8 @@ class Fault:
                     return bool(_indexers(s))
                 url = _answers_at(s, c)
                 return url is None or _accepts(url)
-            if c in POOL_FAULTS:
-                live = _live(s, c)
+            if c in (*POOL_FAULTS, ENGINE):
+                live = _live(s, _pool(c))
                 return len(live) >= len(self.before) and live != self.before
             if c == "indexer":
                 now = _indexers(s)

@@ -100,7 +100,7 @@ class PermitLeases:
                  on_peers: Callable[[dict[str, Peer]], None] | None = None) -> None:
         self.r, self.front, self.config, self.gate = client, front, config, gate
         self.interval_s, self.ttl_s, self.timeout_s = interval_s, ttl_s, timeout_s
-        self.engine = engine  # (internal URL, running requests) of this front's engine, if colocated
+        self.engine = engine  # (internal URL, running requests or None once dead) of this front's engine, if colocated
         self.on_peers = on_peers  # gets the other fronts' engines after each renewal
         self.safe = config.capacity  # this front's even share of the pool
         self.lease = 0
@@ -140,8 +140,8 @@ class PermitLeases:
         service = snap.service_time_s or 0.0
         demand = {t: max(s.in_use + s.queue_len, rates.get(t, 0.0) * service) for t, s in snap.tenants.items()}
         mine: dict = {"t": {t: round(d, 2) for t, d in demand.items() if d > 0}}
-        if self.engine is not None:
-            mine["url"], mine["run"] = self.engine[0], self.engine[1]()
+        if self.engine is not None and (running := self.engine[1]()) is not None:  # None: its engine died
+            mine["url"], mine["run"] = self.engine[0], running
         want = max(snap.permits_in_use, self.target)
         try:
             grant, total, flat = await asyncio.wait_for(self._script(

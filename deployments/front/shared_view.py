@@ -39,6 +39,7 @@ class SharedView:
         self._recounted = 0.0
         self._refreshing: asyncio.Future | None = None
         self._live: tuple | None = None  # (view, valid from, valid until, live replicas per pool): `get`'s last answer
+        self._gone: set[tuple[str, str]] = set()  # (pool, replica): dead, whatever the registry says yet
 
     def usable(self, now: float) -> bool:
         """Whether a decision at `now` may use the view without reading it inline."""
@@ -86,6 +87,12 @@ class SharedView:
             self._refreshing = asyncio.ensure_future(self._refresh(redis))
         return self._fresh(view, entries, now), inflight, work
 
+    def forget(self, pool: str, replica: str) -> None:
+        """Leaves `replica` out of every later answer of `get`, even while a registry read still
+        lists it (this front's own replica, whose engine died). Changes the view."""
+        self._gone.add((pool, replica))
+        self._live = None
+
     def _fresh(self, view: tuple, entries: dict, now: float) -> dict:
         """The live replicas per pool at `now`. The same dicts, not copies, until the view changes or
         a heartbeat in it ages out (or `now` goes back), so a caller may key what it derives from
@@ -94,6 +101,8 @@ class SharedView:
         if cached is not None and cached[0] is view and cached[1] <= now <= cached[2]:
             return cached[3]
         live = {pool: self.registry.fresh(entries[pool], now) for pool in POOLS}
+        for pool, replica in self._gone:
+            live[pool].pop(replica, None)
         timeout = self.registry.timeout_s
         expiry = min((e["ts"] + timeout for pool in POOLS for e in live[pool].values()), default=float("inf"))
         self._live = (view, now, expiry, live)

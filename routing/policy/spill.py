@@ -12,7 +12,9 @@ requests, and otherwise spills it to the peer engine with the most room:
 
 A peer at or over ``capacity`` is not chosen; if every engine is full the
 request runs here (the permit already says the pool has room for it, so the
-view is only stale). Pure: no clock, no I/O.
+view is only stale). A front whose own engine died sends every request to the
+peer with the most room, full or not, until Serve replaces its replica.
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -37,14 +39,15 @@ class SpillChooser:
         self.peers = dict(running)
         self.sent = {p: 0 for p in self.peers}
 
-    def choose(self, own_running: int) -> str | None:
-        """The peer to run the next request on, or None for this front's engine.
+    def choose(self, own_running: int, own_alive: bool = True) -> str | None:
+        """The peer to run the next request on, or None for this front's engine (where its engine
+        died: None only without peers).
 
         Changes nothing; call ``started`` when the request is sent.
         """
-        if own_running < self.capacity:
+        if own_alive and own_running < self.capacity:
             return None
-        best, room = None, 0
+        best, room = None, 0 if own_alive else float("-inf")
         for peer in sorted(self.peers):
             free = self.capacity - self.peers[peer] - self.sent.get(peer, 0)
             if free > room:

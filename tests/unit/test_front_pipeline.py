@@ -23,10 +23,13 @@ PATH = "/v1/chat/completions"
 
 
 class _Engine:
-    """What the unrouted placement asks of its engine: how many requests it runs."""
+    """What the unrouted placement asks of its engine: how many requests it runs, and whether it died."""
 
     def running(self) -> int:
         return 0
+
+    def errored(self) -> bool:
+        return False
 
 
 def _front(app) -> Front:

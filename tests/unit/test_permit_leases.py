@@ -152,6 +152,22 @@ def test_colocated_fronts_see_each_others_engines(redis_url):
     assert seen["b"] == {"a": ("http://a:1", 3)}
 
 
+def test_a_front_whose_engine_died_is_no_peer_to_spill_to(redis_url):
+    async def main(client):
+        seen: dict[str, dict] = {}
+        _, la = front(client, "a")
+        _, lb = front(client, "b")
+        la.engine, la.on_peers = ("http://a:1", lambda: None), lambda peers: seen.__setitem__("a", peers)
+        lb.engine, lb.on_peers = ("http://b:2", lambda: 1), lambda peers: seen.__setitem__("b", peers)
+        await la.tick()
+        await lb.tick()
+        await la.tick()
+        return seen
+    seen = run(redis_url, main)
+    assert seen["a"] == {"b": ("http://b:2", 1)}  # it still spills to the live one
+    assert seen["b"] == {}  # running None: its engine died (deployments/replica.py `_running`)
+
+
 def test_offered_load_follows_the_arrival_rate():
     from deployments.admission.permit_leases import OfferedLoad
 

@@ -34,3 +34,14 @@ def test_a_fresh_view_replaces_what_was_sent_and_finishing_never_goes_negative()
     assert s.sent["b"] == 0
     s.update({})
     assert s.choose(own_running=9) is None  # no view of peers (Redis gone): own engine
+
+
+def test_a_front_whose_engine_died_sends_everything_to_the_peer_with_most_room():
+    s = SpillChooser(capacity=4)
+    assert s.choose(own_running=0, own_alive=False) is None  # no peer: nowhere else to go
+    s.update({"b": 6, "c": 5})
+    assert s.choose(own_running=0) is None  # alive and idle: its own engine
+    assert s.choose(own_running=0, own_alive=False) == "c"  # both full: the least over
+    s.started("c")
+    s.started("c")
+    assert s.choose(own_running=0, own_alive=False) == "b"

@@ -31,3 +31,14 @@ def test_a_new_view_or_a_clock_that_went_back_gives_new_dicts():
     view._view = (101.0, {"decode": {"a": {"ts": 101.0}, "b": {"ts": 101.0}}, "prefill": {}}, {}, {})
     fresh = view.get(None, 101.0)[0]
     assert set(fresh["decode"]) == {"a", "b"} and fresh is not first
+
+
+def test_a_forgotten_replica_stays_out_while_the_registry_still_lists_it():
+    """A front whose own engine died forgets its replica: its routing sends elsewhere at once,
+    before its registry entry is gone from a read (deployments/replica.py `_watch_engine`)."""
+    view = _view({"decode": {"a": {"ts": 99.0}, "b": {"ts": 99.0}}, "prefill": {}})
+    assert set(view.get(None, 100.0)[0]["decode"]) == {"a", "b"}
+    view.forget("decode", "a")
+    assert set(view.get(None, 100.0)[0]["decode"]) == {"b"}
+    view._view = (101.0, {"decode": {"a": {"ts": 101.0}, "b": {"ts": 101.0}}, "prefill": {}}, {}, {})
+    assert set(view.get(None, 101.0)[0]["decode"]) == {"b"}

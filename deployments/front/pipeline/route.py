@@ -21,7 +21,7 @@ from routing.policy.spill import SpillChooser
 
 
 class Unrouted:
-    """This replica's engine, or a colocated peer's when this one is full."""
+    """This replica's engine, or a colocated peer's when this one is full or dead."""
 
     redis = None  # no routing client: /metrics reads the indexer's through it where there is one
 
@@ -31,9 +31,9 @@ class Unrouted:
         self.peer_urls: dict[str, str] = {}
 
     async def __call__(self, req: Request) -> None:
-        """Sets `req.route` to a peer's engine when this one is full, else leaves it None (here)."""
+        """Sets `req.route` to a peer's engine when this one is full or dead, else leaves it None (here)."""
         req.info.route, req.info.decode_only = "colocated", True
-        peer = self.spill.choose(self.engine.running())
+        peer = self.spill.choose(self.engine.running(), not self.engine.errored())
         if peer is None or peer not in self.peer_urls:
             return
         self.spill.started(peer)
@@ -67,13 +67,16 @@ class Routed:
 
     async def __call__(self, req: Request) -> None:
         """Renders the prompt (`req.ids`; a 400 if the template refuses it) and sets `req.route`; a
-        Redis that is slow or away routes it to decode, which computes the prompt (counted)."""
+        Redis that is slow or away routes it to decode, which computes the prompt (counted). Once
+        this replica's engine died, never to this replica."""
         try:
             t0 = time.perf_counter()
             req.ids = await self.engine.prompt_ids(req.kind, req.body)
             self.metrics.render_s.observe(time.perf_counter() - t0)
         except ValueError as exc:
             raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
+        if self.engine.errored():  # this replica's engine died: the others run it (replica.py _watch_engine)
+            self.routing.view.forget("decode", self.routing.front)
         try:
             t0 = time.perf_counter()
             route = await self.routing.route(req.ids, req.tenant, req.session)
