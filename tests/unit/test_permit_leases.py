@@ -136,34 +136,30 @@ def test_slow_or_lost_redis_degrades_to_safe_local_limits_without_hanging(redis_
     assert admit_s < 0.05
 
 
-def test_colocated_fronts_see_each_others_engines(redis_url):
+def _peers_seen(redis_url, running_a, running_b) -> dict[str, dict]:
+    """What colocated fronts a and b see of each other's engines after a, b and a renew, their
+    engines running `running_a()` and `running_b()` requests (None: dead)."""
     async def main(client):
         seen: dict[str, dict] = {}
         _, la = front(client, "a")
         _, lb = front(client, "b")
-        la.engine, la.on_peers = ("http://a:1", lambda: 3), lambda peers: seen.__setitem__("a", peers)
-        lb.engine, lb.on_peers = ("http://b:2", lambda: 1), lambda peers: seen.__setitem__("b", peers)
+        la.engine, la.on_peers = ("http://a:1", running_a), lambda peers: seen.__setitem__("a", peers)
+        lb.engine, lb.on_peers = ("http://b:2", running_b), lambda peers: seen.__setitem__("b", peers)
         await la.tick()
         await lb.tick()
         await la.tick()
         return seen
-    seen = run(redis_url, main)
+    return run(redis_url, main)
+
+
+def test_colocated_fronts_see_each_others_engines(redis_url):
+    seen = _peers_seen(redis_url, lambda: 3, lambda: 1)
     assert seen["a"] == {"b": ("http://b:2", 1)}
     assert seen["b"] == {"a": ("http://a:1", 3)}
 
 
 def test_a_front_whose_engine_died_is_no_peer_to_spill_to(redis_url):
-    async def main(client):
-        seen: dict[str, dict] = {}
-        _, la = front(client, "a")
-        _, lb = front(client, "b")
-        la.engine, la.on_peers = ("http://a:1", lambda: None), lambda peers: seen.__setitem__("a", peers)
-        lb.engine, lb.on_peers = ("http://b:2", lambda: 1), lambda peers: seen.__setitem__("b", peers)
-        await la.tick()
-        await lb.tick()
-        await la.tick()
-        return seen
-    seen = run(redis_url, main)
+    seen = _peers_seen(redis_url, lambda: None, lambda: 1)
     assert seen["a"] == {"b": ("http://b:2", 1)}  # it still spills to the live one
     assert seen["b"] == {}  # running None: its engine died (deployments/replica.py `_running`)
 
