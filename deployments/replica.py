@@ -81,7 +81,6 @@ class EngineReplica:
         self.batch_runner = None  # a front's Batch API runner
         self.tasks: list[asyncio.Future] = []
         self.heartbeat = None
-        self.routing = None  # its front's RequestRouting, where it routes
         self._watch_task = None  # `_watch_engine`
         self.leases = None
         self.keys = None
@@ -150,16 +149,14 @@ class EngineReplica:
 
     async def _watch_engine(self) -> None:
         """Takes this replica out of routing once its engine died (its engine core crashed alone):
-        out of the registry, so no router sends it anything new, and out of its own front's view,
-        so the front forwards what it still receives to the other replicas (an unrouted colocated
-        front spills to its peers, `_running`). Serve replaces the replica at its next health
-        check (`check_health`); until then its clients get answers, not 503s."""
+        out of the registry, so no router sends it anything new; its own front already routes
+        elsewhere (pipeline/route.py: `Routed` forgets this replica, `Unrouted` spills to its
+        peers, to which `_running` stops offering it). Serve replaces the replica at its next
+        health check (`check_health`); until then its clients get answers, not 503s."""
         while not self.engine.errored():
             await asyncio.sleep(ENGINE_WATCH_S)
         logger.warning("replica %s: its engine died; out of the registry, its front forwards to the other "
                        "replicas until Serve replaces it", self.replica)
-        if self.routing is not None:
-            self.routing.view.forget(self.pool, self.replica)
         await asyncio.to_thread(self.heartbeat.stop)
 
     def _running(self) -> int | None:
@@ -208,7 +205,7 @@ class EngineReplica:
         # replica until the set's TTL), readiness and key reads: a connection Redis closed by
         # restarting is retried once instead of turning the request into a fallback route.
         client = self.cfg.redis.client(asynchronous=True, reconnect=True, socket_timeout=5)
-        self.routing = routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
+        routing = RequestRouting(self.cfg, client, self.metrics, self.replica) if self.cfg.routes() else None
         # Any front may send to any decode replica's engine, so the fronts lease
         # the pool's permits from Redis (deployments/admission/permit_leases.py).
         gate = AsyncAdmission(Admission(self.cfg.admission, replicas=1))

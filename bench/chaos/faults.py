@@ -39,7 +39,8 @@ from routing.prefix.redis_state import registry_key
 POOL_FAULTS = ("decode", "prefill")
 CHILD_FAULTS = ("redis", "mooncake-master", "mooncake-store", "ingress")
 ENGINE = "engine"  # a decode replica's engine core alone
-FAULTS = (*POOL_FAULTS, ENGINE, "indexer", *CHILD_FAULTS)
+REPLICA_FAULTS = (*POOL_FAULTS, ENGINE)  # what Serve replaces
+FAULTS = (*REPLICA_FAULTS, "indexer", *CHILD_FAULTS)
 FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, "indexer", *CHILD_FAULTS))
 
 _INDEXER = """
@@ -108,7 +109,7 @@ class Fault:
 
     def applies(self) -> bool:
         """Whether this stack has the component (a colocated stack has no prefill pool)."""
-        if self.component in (*POOL_FAULTS, ENGINE):
+        if self.component in REPLICA_FAULTS:
             return bool(_live(self.stack, _pool(self.component)))
         if self.component in CHILD_FAULTS:
             return any(self.component in name for name in _children(self.stack))
@@ -127,7 +128,7 @@ class Fault:
         s, c = self.stack, self.component
         if self.freeze_s is not None:
             return self._freeze()
-        if c in (*POOL_FAULTS, ENGINE):
+        if c in REPLICA_FAULTS:
             self.before = _live(s, _pool(c))
             victim = self.before[0]
             processes = s.replica_processes(_pool(c), victim)  # the replica's own process first
@@ -191,7 +192,7 @@ class Fault:
                     return bool(_indexers(s))
                 url = _answers_at(s, c)
                 return url is None or _accepts(url)
-            if c in (*POOL_FAULTS, ENGINE):
+            if c in REPLICA_FAULTS:
                 live = _live(s, _pool(c))
                 return len(live) >= len(self.before) and live != self.before
             if c == "indexer":

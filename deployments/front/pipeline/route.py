@@ -75,7 +75,8 @@ class Routed:
             self.metrics.render_s.observe(time.perf_counter() - t0)
         except ValueError as exc:
             raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
-        if self.engine.errored():  # this replica's engine died: the others run it (replica.py _watch_engine)
+        if self.engine.errored():  # this replica's engine died: the others run it (replica.py _watch_engine
+            # takes it out of the registry, for the other fronts)
             self.routing.view.forget("decode", self.routing.front)
         try:
             t0 = time.perf_counter()
