@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from actors import engine_args
 from actors.save_watch import DrainBudget, SaveWatch
 from common.config import BatonConfig
-from common.constants import NO_LOOKUP
+from common.constants import ENGINE_DEAD_RETRY_S, ENGINE_GONE, NO_LOOKUP
 from common.processes import free_ports
 
 SAVE_DRAIN_TIMEOUT_S = 10.0
@@ -52,9 +52,6 @@ class PrefillResult:
     compute_s: float
     drain_s: float
     drain_end: str = ""  # what ended the wait: none_left, push, recheck, poll or timeout
-
-
-ENGINE_DEAD_RETRY_S = 1
 
 
 class _NoServer:
@@ -78,9 +75,7 @@ def _engine_errors(app) -> None:
     from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
     async def dead(_request, _exc):
-        body = {"error": {"message": "the model's engine stopped; retry shortly", "type": "server_error",
-                          "param": None, "code": "engine_unavailable"}}
-        return JSONResponse(body, status_code=503, headers={"retry-after": str(ENGINE_DEAD_RETRY_S)})
+        return JSONResponse(ENGINE_GONE, status_code=503, headers={"retry-after": str(ENGINE_DEAD_RETRY_S)})
 
     async def failed(_request, exc):
         err = create_error_response(exc)

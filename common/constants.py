@@ -38,3 +38,9 @@ STORE_REPLICA = "store"
 # kv_transfer_params key: true skips the KV connector's store lookup for a request
 # (kvstore/connector.py), sent when the router's index says the store holds nothing more.
 NO_LOOKUP = "baton_no_lookup"
+
+# What a replica whose engine died answers (503, Retry-After ENGINE_DEAD_RETRY_S): a front that
+# sent it the request runs it elsewhere (deployments/front/relay.py `engine_gone`).
+ENGINE_DEAD_RETRY_S = 1
+ENGINE_GONE = {"error": {"message": "the model's engine stopped; retry shortly", "type": "server_error",
+                         "param": None, "code": "engine_unavailable"}}

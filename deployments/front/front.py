@@ -69,7 +69,8 @@ class Front:
         self.pipeline = Pipeline(
             Auth(cfg.serve, keys, self.sites), Admit(gate, metrics, cfg.admission.tiers, self.sites),
             Parse(self.models.known, self.responses), self.models, self.placement,
-            Prefill(cfg, http, name, self.placement), Dispatch(replica, http, cfg.serve.request_timeout_s, metrics),
+            Prefill(cfg, http, name, self.placement),
+            Dispatch(replica, http, cfg.serve.request_timeout_s, metrics, self.placement, lambda: engine.errored()),
             Finish(gate, metrics, self.placement, self.models), self.responses, local_app)
         metrics.before_render = self.admission_gauges
 

@@ -23,6 +23,8 @@ import json
 from dataclasses import asdict
 
 from common import tracing
+from common.constants import ENGINE_DEAD_RETRY_S, ENGINE_GONE
+from deployments.front import relay
 
 PREFILL_MAX_BODY_BYTES = 64 * 2**20  # prompt token ids of the longest context, with room
 
@@ -43,7 +45,10 @@ def internal_app(engine, finished_app, metrics=None):
             except (ValueError, KeyError, TypeError, APIError) as exc:
                 return await respond(send, 400, {"error": f"bad prefill request: {exc}"})
             return await _prefill(engine, ids, req, send)
-        return await finished_app(scope, receive, send)
+        # A forwarded request its engine dies with before its answer began (a stream's first event
+        # an error) is a 503 `engine_unavailable`, which the front that sent it runs again itself.
+        if not await relay.refusing(finished_app, scope, receive, send, relay.engine_died(engine.errored)):
+            await respond(send, 503, ENGINE_GONE, {"Retry-After": str(ENGINE_DEAD_RETRY_S)})
 
     return app
 

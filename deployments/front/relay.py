@@ -60,19 +60,87 @@ async def _deliver(queue: asyncio.Queue, send, extra_headers: list) -> None:
         await send(message)
 
 
+class HeldStart:
+    """Holds a response's start (status and headers) until its first body bytes, so that nothing
+    of an answer is sent before them, and none of an answer that `refuse(status, first_bytes)`
+    drops whole (`refused` then)."""
+
+    def __init__(self, refuse: Callable[[int, bytes], bool] | None = None) -> None:
+        self.refuse, self.start, self.refused = refuse, None, False
+
+    def pass_on(self, message: dict) -> list[dict]:
+        """The messages to send now for `message`: none while the start is held or once refused."""
+        if self.refused:
+            return []
+        if message["type"] == "http.response.start":
+            self.start = message
+            return []
+        if self.start is None:
+            return [message]
+        if message["type"] != "http.response.body":
+            start, self.start = self.start, None
+            return [start, message]
+        chunk = message.get("body", b"")
+        if not chunk and message.get("more_body", False):
+            return []  # an empty chunk before the first bytes: nothing to send yet
+        if self.refuse is not None and self.refuse(self.start["status"], chunk):
+            self.refused, self.start = True, None
+            return []
+        start, self.start = self.start, None
+        return [start, message]
+
+    def rest(self) -> list[dict]:
+        """What is still held once the answer ended: its start, when it had no body message."""
+        start, self.start = self.start, None
+        return [start] if start is not None and not self.refused else []
+
+
+def engine_died(dead: Callable[[], bool]) -> Callable[[int, bytes], bool]:
+    """A `refuse` for an answer whose engine died before it began: an error (a 5xx, or a stream
+    whose first event is an error) while `dead()`. The engine ran none of it, so another may."""
+    def refuse(status: int, first: bytes) -> bool:
+        return (status >= 500 or first.startswith((b'data: {"error"', b"event: error"))) and dead()
+    return refuse
+
+
+def engine_gone(status: int, first: bytes) -> bool:
+    """A `refuse` for another replica's answer: its engine died before the answer began (the
+    503 `engine_unavailable` of actors/openai_app.py and of `refusing` in internal.py)."""
+    return status == 503 and b'"engine_unavailable"' in first
+
+
+async def refusing(app, scope: dict, receive, send, refuse: Callable[[int, bytes], bool]) -> bool:
+    """Runs `app` with its response start held until its first body bytes (HeldStart); False, with
+    nothing sent, when `refuse` dropped its answer."""
+    hold = HeldStart(refuse)
+
+    async def held_send(message: dict) -> None:
+        for m in hold.pass_on(message):
+            await send(m)
+
+    await app(scope, receive, held_send)
+    for m in hold.rest():
+        await send(m)
+    return not hold.refused
+
+
 async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers: list,
-                    on_done: Callable[[Timing], None], on_first: Callable[[], None] | None = None) -> Timing:
+                    on_done: Callable[[Timing], None], on_first: Callable[[], None] | None = None,
+                    refuse: Callable[[int, bytes], bool] | None = None) -> Timing:
     """Runs `app` on `body` in this process and streams its answer to `send`.
 
     As in `run_remote`, the response's start (status and headers) is held until
     its first body bytes, so a front that dies before them has sent nothing: an
     ingress in front of it (cluster/ingress.py) may run the request elsewhere.
     `on_done` runs when `app` has produced its whole answer (generation ended).
+    An answer `refuse` drops at its first bytes (`engine_died`) raises
+    UpstreamUnavailable once `app` returned, with nothing sent and `on_done`
+    not called: the caller may run the request elsewhere.
     """
     timing = Timing(on_first)
     queue: asyncio.Queue = asyncio.Queue()
     sent = False
-    held: list[dict] = []  # the response's start, until its first body bytes
+    hold = HeldStart(refuse)
 
     async def first_receive():
         nonlocal sent
@@ -84,33 +152,31 @@ async def run_local(app, scope: dict, body: bytes, receive, send, extra_headers:
     async def to_queue(message: dict) -> None:
         if message["type"] == "http.response.start":
             timing.status = message["status"]
-            held.append(message)
-            return
-        if message["type"] == "http.response.body":
-            timing.body(message.get("body", b""))
-            if held and not message.get("body") and message.get("more_body", False):
-                return  # an empty chunk before the first bytes: nothing to send yet
-        while held:
-            queue.put_nowait(held.pop())
-        queue.put_nowait(message)
+        for m in hold.pass_on(message):
+            if m["type"] == "http.response.body":
+                timing.body(m.get("body", b""))
+            queue.put_nowait(m)
 
     delivery = asyncio.create_task(_deliver(queue, send, extra_headers))
     try:
         await app(scope, first_receive, to_queue)
     finally:
         timing.ended = time.monotonic()
-        on_done(timing)
-        while held:  # an answer that ended with no body message
-            queue.put_nowait(held.pop())
+        if not hold.refused:
+            on_done(timing)
+        for m in hold.rest():  # an answer that ended with no body message
+            queue.put_nowait(m)
         queue.put_nowait(None)
     await delivery
+    if hold.refused:
+        raise UpstreamUnavailable("refused: its engine died before the answer began")
     return timing
 
 
 async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
                      send, extra_headers: list, on_done: Callable[[Timing], None],
                      timeout_s: float, on_first: Callable[[], None] | None = None,
-                     refuse: tuple[int, ...] = ()) -> Timing:
+                     refuse: Callable[[int, bytes], bool] | None = None) -> Timing:
     """POSTs `body` to another replica and streams its answer to `send`.
 
     Nothing reaches the client before the upstream's first body bytes (a
@@ -119,8 +185,9 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
     without calling `on_done`, as one that cannot be reached does: the caller
     may run the request elsewhere. After that, a broken upstream ends the
     stream with an error event. `on_done` runs once the upstream answer ended.
-    An answer whose status is in `refuse` (another site's 429) is not relayed:
-    it raises UpstreamUnavailable too, with nothing sent.
+    An answer that `refuse(status, first_bytes)` drops (another site's 429, a
+    replica's dead engine: `engine_gone`) is not relayed: it raises
+    UpstreamUnavailable too, with nothing sent.
     """
     timing = Timing(on_first)
     queue: asyncio.Queue = asyncio.Queue()
@@ -128,9 +195,9 @@ async def run_remote(session: aiohttp.ClientSession, url: str, body: bytes, head
     try:
         resp = await session.post(url, data=body, headers=headers,
                                   timeout=aiohttp.ClientTimeout(total=timeout_s))
-        if resp.status in refuse:
-            raise UpstreamUnavailable(f"refused: {resp.status}")
         chunk = await resp.content.readany()
+        if refuse is not None and refuse(resp.status, chunk):
+            raise UpstreamUnavailable(f"refused: {resp.status}")
     except BaseException as exc:
         if resp is not None:
             resp.release()

@@ -72,6 +72,11 @@ _FULL_TENANTS = 256  # the most tenants a probe answer names as queue-full
 UNKNOWN_SERVICE_S = 1.0  # a permit's hold time before this site has measured one
 
 
+def _busy(status: int, _first: bytes) -> bool:
+    """A site's answer not relayed: it is full (429) or has no engine serving (503)."""
+    return status in (429, 503)
+
+
 def check(cfg: BatonConfig, source: str) -> None:
     """Checks the `sites:` section before anything starts: the token is readable and `sites.select`
     names SiteSelectConfig's fields. Raises ConfigError naming the field and the file."""
@@ -298,7 +303,7 @@ class SiteLink:
         try:
             await relay.run_remote(self.http, f"{self.peers[site]}{scope['path']}", raw, headers, send,
                                    [(SITE_HEADER.encode(), site.encode())], lambda timing: None,
-                                   self.cfg.serve.request_timeout_s, refuse=(429, 503))
+                                   self.cfg.serve.request_timeout_s, refuse=_busy)
             self.selector.served(site, self.clock())
             return True
         except relay.UpstreamUnavailable as exc:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from actors.openai_app import ENGINE_DEAD_RETRY_S, _engine_errors
+from actors.openai_app import _engine_errors
+from common.constants import ENGINE_DEAD_RETRY_S
 
 
 def _app(exc: Exception) -> TestClient:

@@ -16,6 +16,7 @@ from common.response import BatonInfo
 from deployments.front import relay
 from deployments.api.apis import APIS
 from deployments.front.pipeline.dispatch import Dispatch
+from deployments.front.pipeline.route import Unrouted
 from deployments.front.pipeline.request import Request
 from deployments.front.metrics import IngressMetrics, merge
 
@@ -103,7 +104,7 @@ def _front(metrics: IngressMetrics, seen: list) -> Dispatch:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    dispatch = Dispatch("r", None, 5, metrics)
+    dispatch = Dispatch("r", None, 5, metrics, Unrouted(None, 1))
     dispatch.local = Finisher(vllm, "r", on_usage=lambda *a: metrics.record_usage(*a, 16, 1))
     return dispatch
 
@@ -153,7 +154,7 @@ def test_a_stream_that_asked_gets_its_usage_chunk_counted_once():
 def test_the_remote_path_sends_the_same_headers(monkeypatch):
     calls = []
 
-    async def run_remote(session, url, body, headers, *rest):
+    async def run_remote(session, url, body, headers, *rest, **kw):
         calls.append((json.loads(body), headers))
 
     monkeypatch.setattr(relay, "run_remote", run_remote)

@@ -78,4 +78,4 @@ class Pipeline:
                 await self.placement(req)
             span.set_attribute("baton.route", req.info.route or "")
             await self.prefill(req)
-            await self.dispatch(req, lambda timing: self.finish(req, timing), self.placement.on_first(req.route))
+            await self.dispatch(req, lambda timing: self.finish(req, timing))

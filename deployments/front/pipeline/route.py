@@ -69,12 +69,13 @@ class Routed:
         """Renders the prompt (`req.ids`; a 400 if the template refuses it) and sets `req.route`; a
         Redis that is slow or away routes it to decode, which computes the prompt (counted). Once
         this replica's engine died, never to this replica."""
-        try:
-            t0 = time.perf_counter()
-            req.ids = await self.engine.prompt_ids(req.kind, req.body)
-            self.metrics.render_s.observe(time.perf_counter() - t0)
-        except ValueError as exc:
-            raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
+        if req.ids is None:  # rendered once: a request placed again (dispatch.py) keeps its ids
+            try:
+                t0 = time.perf_counter()
+                req.ids = await self.engine.prompt_ids(req.kind, req.body)
+                self.metrics.render_s.observe(time.perf_counter() - t0)
+            except ValueError as exc:
+                raise APIError(400, str(exc), code=error_code(400, str(exc))) from None
         if self.engine.errored():  # this replica's engine died: the others run it (replica.py _watch_engine
             # takes it out of the registry, for the other fronts)
             self.routing.view.forget("decode", self.routing.front)
