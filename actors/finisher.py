@@ -27,7 +27,9 @@ sends no usage chunk (they are held until that chunk, which follows them).
 Stream chunks without `usage` pass through as bytes: only a chunk that
 contains the bytes `"usage":{` is parsed. When the front already streamed
 the prefill engine's first token (deployments/front/first_token.py), the stream's
-role event is dropped and usage counts that token as output. The request's `decode` span (and
+role event is dropped and usage counts that token as output. A stream its
+engine died in ends with Baton's `engine_unavailable` error event, not vLLM's
+"see stack trace (above)" 500. The request's `decode` span (and
 `kv_load`, up to the first answer bytes) continues the front's trace.
 """
 
@@ -39,7 +41,7 @@ from typing import Callable
 from urllib.parse import quote, unquote
 
 from common import tracing
-from common.constants import REQUEST_ID_HEADER
+from common.constants import ENGINE_GONE, REQUEST_ID_HEADER
 from common.response import BatonInfo
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -56,6 +58,10 @@ _USAGE = b'"usage":{'
 _ROLE = b'"delta":{"role":"assistant","content":""}'
 _FINISHED = b'"finish_reason":"'  # a chunk that ends a choice
 _FINGERPRINT = b'"system_fingerprint":'
+_ERROR_EVENT = b'data: {"error"'
+_ENGINE_DEAD = b"EngineCore encountered an issue"  # vLLM's EngineDeadError, as its stream error event says it
+ENGINE_STOPPED_EVENT = b"data: " + json.dumps({"error": {
+    **ENGINE_GONE["error"], "message": "the model's engine stopped mid-answer; the stream ends here"}}).encode() + b"\n\n"
 _INFO_FIELDS = {f.name for f in fields(BatonInfo)}
 
 
@@ -259,7 +265,9 @@ class _FinishingSend:
             if self.drop_role and body:  # vLLM's first event is the role
                 body, self.drop_role = _drop_role(body), False
                 message = {**message, "body": body}
-            if _USAGE in body or (self.hide_usage and (self.held or _FINISHED in body)):
+            if body.startswith(_ERROR_EVENT) and _ENGINE_DEAD in body:
+                message = {**message, "body": ENGINE_STOPPED_EVENT + body.partition(b"\n\n")[2]}
+            elif _USAGE in body or (self.hide_usage and (self.held or _FINISHED in body)):
                 message = {**message, "body": self._finish_sse(body)}
             if self.held and not message.get("more_body"):  # no usage chunk came: sent as they are
                 message = {**message, "body": message.get("body", b"") + b"".join(e + b"\n\n" for e in self.held)}

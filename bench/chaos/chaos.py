@@ -34,7 +34,8 @@ from pathlib import Path
 
 from bench.chaos.durable import Durable
 from bench.chaos.faults import FAULTS, FREEZES, Fault
-from bench.chaos.outcomes import BAD, SILENT, counts, goodput_back_s, goodput_settled_s, routing, timeline
+from bench.chaos.outcomes import (BAD, SILENT, counts, failures, goodput_back_s, goodput_settled_s, routing,
+                                  timeline)
 from bench.chaos.sites import NAME as SITE, SiteFault, SitePair
 from bench.chaos.swap import NAME as SWAP, SwapFault
 from bench.chaos.traffic import Traffic
@@ -163,7 +164,8 @@ def run_fault(fault: Fault | SwapFault | SiteFault, rate: float, model: str, arg
         "goodput_settled_s": goodput_settled_s(good_ends, killed_at, max(a.sent for a in attempts),
                                                before_s=min(args.before, 10.0)),
         "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
-        "timeline": timeline(attempts, start, end), **kept, **fault.report(),
+        "timeline": timeline(attempts, start, end), "failures": failures(attempts, killed_at),
+        **kept, **fault.report(),
         **routing(attempts, killed_at, None if back is None else killed_at + back),
     }
 

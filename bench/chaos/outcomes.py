@@ -98,6 +98,15 @@ def counts(attempts: list[Attempt]) -> dict[str, int]:
     return out
 
 
+def failures(attempts: list[Attempt], killed_at: float, most: int = 5) -> list[dict]:
+    """What the first `most` requests that were not answered saw, for reading why: outcome, status,
+    streamed, when sent and ended (seconds from the kill), and the tail of the body."""
+    bad = [a for a in attempts if a.outcome() not in ("ok", "retried")][:most]
+    return [{"outcome": a.outcome(), "status": a.status, "stream": a.stream, "error": a.error,
+             "sent_s": round(a.sent - killed_at, 3), "ended_s": a.ended and round(a.ended - killed_at, 3),
+             "body": a.body[-300:].decode(errors="replace")} for a in bad]
+
+
 def _before(done: list[float], fault_at: float, before_s: float) -> float:
     """Goodput (answers ended per second, `done`) over the `before_s` before `fault_at`."""
     return sum(1 for t in done if fault_at - before_s <= t < fault_at) / before_s

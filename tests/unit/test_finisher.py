@@ -63,6 +63,20 @@ def test_stream_chunks_pass_through_and_usage_chunk_gets_baton():
     assert events[1] == b"data: [DONE]"
 
 
+def test_a_stream_its_engine_died_in_ends_with_baton_s_engine_unavailable_event():
+    """vLLM's own event, as its chat stream generator writes it for EngineDeadError."""
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    vllm_event = f"data: {json.dumps(create_error_response(EngineDeadError()).model_dump())}\n\n".encode()
+    token = b'data: {"id":"x","choices":[{"delta":{"content":"a"}}]}\n\n'
+    sent = run(sse_app([token, vllm_event, b"data: [DONE]\n\n"]))
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert bodies[0] == token and bodies[2] == b"data: [DONE]\n\n"
+    err = json.loads(bodies[1].removeprefix(b"data: "))["error"]
+    assert err["code"] == "engine_unavailable" and err["type"] == "server_error" and "stack trace" not in err["message"]
+
+
 def test_vllm_errors_become_openai_errors():
     sent = run(json_app(400, {"error": {"message": "This model's maximum context length is 2048 tokens.",
                                         "type": "BadRequestError", "param": None, "code": 400}}))
