@@ -5,7 +5,7 @@ file order kept within each group:
 1. the shared disaggregated stack (`stack`);
 2. tests that damage it (the `destructive` fixture: replicas, the indexer or a
    Mooncake process killed), on the same stack, which no test uses after them;
-3. the colocated stack (`colocated_stack`);
+3. the colocated stack (`colocated_stack`), the tests that damage it last;
 4. tests with stacks of their own (catalogue, sites, the scale bench, ...).
 Each shared stack starts with the first test that needs it and stops after the
 last (`pytest_runtest_teardown`), so a stack never starts beside another.
@@ -44,9 +44,12 @@ def _needs_colocated(item) -> bool:
 
 
 def _group(item) -> int:
+    damages = "destructive" in item.fixturenames
     if _needs_shared(item):
-        return 1 if "destructive" in item.fixturenames else 0
-    return 2 if _needs_colocated(item) else 3
+        return 1 if damages else 0
+    if _needs_colocated(item):
+        return 3 if damages else 2
+    return 4
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -158,7 +161,7 @@ def colocated_stack(tmp_path_factory):
 
 @pytest.fixture
 def destructive():
-    """Marks a test that damages the shared stack: it runs after every other test of that stack."""
+    """Marks a test that damages its shared stack: it runs after every other test of that stack."""
 
 
 def pytest_runtest_teardown(item, nextitem):
