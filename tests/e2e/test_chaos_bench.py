@@ -27,9 +27,10 @@ def test_short_chaos_run_hangs_nothing_and_everything_comes_back(tmp_path):
         if r["fault"] == "decode":  # HAProxy runs again what its front had not answered; streams
             # the dying front was answering break (the client sees the transport error)
             assert r["dropped"] == 0 and r["unaffected_share"] >= 0.98, r
-        elif r["fault"] == "engine":  # the replica's front forwards to the others at once; what the dead
-            # engine held gets a clean 503 with Retry-After (98.6-99.3% unaffected in two runs)
-            assert sum(r[k] for k in BAD) == 0 and r["unaffected_share"] >= 0.95, r
+        elif r["fault"] == "engine":  # the replica's front forwards to the others at once, and what the
+            # dead engine held before its answer began runs again on another replica (99.6-100% in four
+            # runs: a stream whose first bytes were on their way at the kill ends with an error event)
+            assert sum(r[k] for k in BAD) == 0 and r["unaffected_share"] >= 0.98, r
         elif r["fault"] == "ingress":  # one HAProxy's connections die with it; the other takes new ones
             assert r["unaffected_share"] >= 0.98, r  # with one process: 92.2-97.8% (docs/bench_chaos.md)
         else:
