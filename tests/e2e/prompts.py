@@ -1,6 +1,6 @@
-"""Deterministic chat prompts of several lengths, shared by the e2e tests and
-the reference engine script. Each has a unique opening line, so no engine has
-seen its prefix before the test sends it."""
+"""Deterministic chat prompts of several lengths, shared by the e2e tests and the
+`vllm serve` reference (conftest.py `vllm_answers`). Each has a unique opening
+line, so no engine has seen its prefix before the test sends it."""
 
 from __future__ import annotations
 

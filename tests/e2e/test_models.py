@@ -12,8 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -109,22 +107,6 @@ def test_unknown_model_is_a_404_naming_only_the_id_sent(catalogue_stack):
     assert SMALL not in err["message"] and FIRST not in err["message"]
 
 
-def test_a_cold_model_wakes_and_answers_as_a_fresh_engine_does(catalogue_stack, tmp_path):
-    ref_cfg = tmp_path / "small.yaml"
-    ref_cfg.write_text(yaml.safe_dump({"model": {"served_name": SMALL,
-                                                 "path": str(REPO_ROOT / "models" / "catalogue" / SMALL)}}))
-    out = subprocess.run([sys.executable, "-m", "tests.e2e.reference", str(ref_cfg)], capture_output=True,
-                         text=True, timeout=600, cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    ref = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("REFERENCE_JSON "))[15:])
-    _make_resident(catalogue_stack, SMALL)
-    for name in prompts.LENGTHS:
-        r = _chat(catalogue_stack, SMALL, name)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["token_ids"] == ref[f"plain/{name}"]["token_ids"]
-    assert _listing(catalogue_stack)[SMALL]["resident"]
-
-
 def test_a_wake_that_cannot_meet_the_deadline_is_a_429_with_retry_after(catalogue_stack):
     _make_resident(catalogue_stack, SMALL)
     _make_resident(catalogue_stack, FIRST)  # DEEP is cold now: two of three fit
@@ -135,6 +117,20 @@ def test_a_wake_that_cannot_meet_the_deadline_is_a_429_with_retry_after(catalogu
     while not _listing(catalogue_stack)[DEEP]["resident"]:
         assert time.monotonic() < deadline, "the refused request's model did not wake"
         time.sleep(1)
+
+
+def test_a_cold_model_wakes_and_answers_as_vllm_serve_does(catalogue_stack, reference):
+    """The stacks' model, evicted (the other two resident: room for two) and woken again, gives
+    `vllm serve`'s greedy tokens (the e2e `reference`, taken once for every stack)."""
+    _make_resident(catalogue_stack, SMALL)
+    _make_resident(catalogue_stack, DEEP)
+    assert not _listing(catalogue_stack)[FIRST]["resident"]
+    _make_resident(catalogue_stack, FIRST)
+    for name in prompts.LENGTHS:
+        r = _chat(catalogue_stack, FIRST, name)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == reference[f"plain/{name}"]["token_ids"]
+    assert _listing(catalogue_stack)[FIRST]["resident"]
 
 
 def test_an_evicted_model_frees_its_memory(catalogue_stack):
