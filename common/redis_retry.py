@@ -1,9 +1,11 @@
-"""Idempotent Redis writes that wait out a Redis restart instead of failing at once.
+"""Idempotent Redis calls that wait out a Redis restart instead of failing at once.
 
 `baton up` restarts a Redis that died within a second or two, and its
 append-only file brings the data back (redis.appendfsync). A write made in
 that gap (a finished response to keep, a batch line's result) is worth
-trying again for a while rather than losing.
+trying again for a while rather than losing, and a read a request needs
+(the response a Responses turn continues) worth a short wait rather than
+an error.
 """
 
 from __future__ import annotations

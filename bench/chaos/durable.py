@@ -39,6 +39,7 @@ class Durable:
         self.batch_error: str | None = None
         self.responses: list[str] = []  # ids the client was given
         self.turns_failed = 0
+        self.turn_errors: list[str] = []  # the first few failed turns' errors, for reading why
 
     async def start_batch(self, after_s: float = 0.0) -> None:
         """Uploads the input file and creates the batch `after_s` from now; notes why it could not."""
@@ -65,8 +66,10 @@ class Durable:
                     temperature=0, previous_response_id=previous)
                 self.responses.append(r.id)
                 previous = r.id
-            except openai.OpenAIError:
+            except openai.OpenAIError as exc:
                 self.turns_failed += 1
+                if len(self.turn_errors) < 3:
+                    self.turn_errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
                 previous = None  # the chain starts again
             await asyncio.sleep(self.every)
 
@@ -79,7 +82,8 @@ class Durable:
             except openai.NotFoundError:
                 lost_responses += 1
         out = {"responses_stored": len(self.responses), "responses_lost": lost_responses,
-               "response_turns_failed": self.turns_failed, "batch_lines": self.lines}
+               "response_turns_failed": self.turns_failed, "response_turn_errors": self.turn_errors,
+               "batch_lines": self.lines}
         out.update(await self._batch(timeout_s))
         await self.client.close()
         return out

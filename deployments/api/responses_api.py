@@ -22,6 +22,9 @@ from deployments.api.schemas import APIError
 
 log = logging.getLogger("baton.responses")
 KEEP_RETRY_S = 30.0  # how long a finished response waits for Redis to come back before it is given up
+# How long a request that reads a stored response (a chain's turn, a GET) waits for Redis to come back:
+# `baton up` restarts a dead Redis within a second or two; longer is an outage, answered with a 503.
+READ_RETRY_S = 3.0
 
 
 def _unavailable() -> APIError:
@@ -39,13 +42,14 @@ class ResponsesAPI:
     async def chain(self, body: dict, tenant: str, session: str | None) -> str:
         """Gives a Responses request its response id and, with `previous_response_id`, the stored
         conversation it continues (404 when `tenant` has no such response). Changes `body`;
-        returns the chain's session key (`session`, the header's, wins)."""
+        returns the chain's session key (`session`, the header's, wins). A Redis restart costs the
+        turn a wait of up to READ_RETRY_S, not an error."""
         body["request_id"] = f"resp_{uuid.uuid4().hex}"
         previous_id = body.get("previous_response_id")
         if previous_id is None:
             return session or f"response:{body['request_id']}"
         try:
-            previous = await self.store.get(tenant, str(previous_id))
+            previous = await retried(lambda: self.store.get(tenant, str(previous_id)), READ_RETRY_S)
         except redis.RedisError:
             raise _unavailable() from None
         if previous is None:
@@ -77,9 +81,9 @@ class ResponsesAPI:
         if (action, method) not in (("", "GET"), ("", "DELETE"), ("cancel", "POST")):
             raise APIError(404, f"no route {method} {scope['path']}", code="not_found")
         try:
-            stored = await self.store.get(tenant, response_id)
-            if stored is not None and method == "DELETE":
-                await self.store.delete(tenant, response_id)
+            stored = await retried(lambda: self.store.get(tenant, response_id), READ_RETRY_S)
+            if stored is not None and method == "DELETE":  # a DEL: a second try is harmless
+                await retried(lambda: self.store.delete(tenant, response_id), READ_RETRY_S)
         except redis.RedisError:
             raise _unavailable() from None
         if stored is None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import redis
+
 from common.config import BatonConfig
 from deployments.admission import AsyncAdmission
 from deployments.api import apis
@@ -113,13 +115,13 @@ class Front:
             await respond(send, exc.status, apis.error_body(exc, apis.shape_of(path)), exc.headers)
         except ConnectionError:
             return
+        except redis.RedisError as exc:  # Redis restarting (`baton up` restarts it within seconds)
+            logger.warning("front: %s %s: Redis unavailable (%s)", method, path, type(exc).__name__)
+            await _late(send, path, APIError(503, "Baton's state store is unavailable; retry", "server_error",
+                                             code="store_unavailable", headers={"Retry-After": "1"}))
         except Exception as exc:  # noqa: BLE001 - a bug here still answers, in its API's shape, and is logged
             logger.exception("front: %s %s failed", method, path)  # the traceback, never the body
-            try:
-                err = APIError(500, f"internal error: {type(exc).__name__}", "server_error")
-                await respond(send, 500, apis.error_body(err, apis.shape_of(path)))
-            except Exception:  # noqa: BLE001 - the response had already started
-                pass
+            await _late(send, path, APIError(500, f"internal error: {type(exc).__name__}", "server_error"))
 
     async def metrics_text(self) -> bytes:
         """This replica's metrics summed with every other live decode replica's, and the indexer's."""
@@ -135,3 +137,11 @@ class Front:
     def spill_view(self, peers: dict) -> None:
         """The other colocated fronts' engines (permit_leases.Peer), after a lease renewal."""
         self.placement.spill_view(peers)
+
+
+async def _late(send, path: str, err: APIError) -> None:
+    """Answers `err` in the route's API shape, unless the response had already started."""
+    try:
+        await respond(send, err.status, apis.error_body(err, apis.shape_of(path)), err.headers)
+    except Exception:  # noqa: BLE001 - the response had already started
+        pass

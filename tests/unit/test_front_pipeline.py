@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+import redis
+
 from common.config import AdmissionConfig, BatonConfig
 from common.constants import REPO_ROOT
 from deployments.admission import Admission, AsyncAdmission
@@ -98,6 +100,18 @@ def test_an_engine_that_fails_is_a_500_and_frees_its_permit_once():
     front = _front(_failing)
     status, out = asyncio.run(_call(front, _body()))
     assert status == 500 and b"internal error" in out
+    assert _held(front) == (0, 0)
+
+
+def test_redis_away_is_a_clean_503_with_retry_after_and_frees_its_permit_once():
+    """A route whose state is in Redis (stored responses, batches) while Redis restarts."""
+    async def redis_away(scope, receive, send):
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    front = _front(redis_away)
+    status, out = asyncio.run(_call(front, _body()))
+    err = json.loads(out)["error"]
+    assert status == 503 and err["code"] == "store_unavailable" and "6379" not in err["message"]
     assert _held(front) == (0, 0)
 
 

@@ -83,6 +83,32 @@ def test_a_response_finished_while_redis_restarts_is_kept(tmp_path):
     assert api.given_up == 0
 
 
+def test_a_turn_sent_while_redis_restarts_waits_for_it_and_continues_its_chain(tmp_path):
+    """The response a Responses turn continues is read again until Redis is back (it restarts in
+    0.5-1 s under `baton up`): the turn waits, and is not a 503 (bench chaos: one turn per kill)."""
+    server, url = start_redis(tmp_path, "everysec")
+    client = RedisConfig(url=url).client(asynchronous=True, reconnect=True, socket_timeout=2)
+    api = ResponsesAPI(ResponseStore(client, ttl_s=600, max_bytes=2**20))
+    first = {"id": "resp_1", "object": "response", "status": "completed", "output": []}
+    body = {"model": "m", "input": "next", "previous_response_id": "resp_1"}
+
+    async def run():
+        assert await api.keep("tenant-a", first, [{"role": "user", "content": "hi"}], "s1")
+        await asyncio.to_thread(_kill, server)
+        turn = asyncio.ensure_future(api.chain(body, "tenant-a", None))
+        await asyncio.sleep(0.5)
+        assert not turn.done()
+        await asyncio.to_thread(restart_redis, server)
+        try:
+            return await asyncio.wait_for(turn, 10)
+        finally:
+            await client.aclose()
+            server.stop()
+
+    assert asyncio.run(run()) == "s1"
+    assert body["input"][0] == {"role": "user", "content": "hi"}  # the stored turn, then this one
+
+
 def test_a_batch_result_recorded_twice_is_kept_once(tmp_path):
     """What makes trying complete() again harmless: the first result of a line wins."""
     server, url = start_redis(tmp_path)
