@@ -38,8 +38,9 @@ class Dispatch:
         # Whose answer it is, for the Finisher's usage counters; chat and completion streams always
         # ask vLLM for usage (Responses and Messages streams report it anyway).
         bill = usage_headers(req.tenant, req.body["model"], req.kind in ("chat", "text") and ask_usage(req.body))
+        raw = req.engine_body()  # built once: placing the request again changes no part of it
         for again in (False, True):
-            raw, route = req.engine_body(), req.route
+            route = req.route
             if route is not None and route.decode_replica != self.replica and route.decode_url:
                 try:
                     return await self._remote(req, raw, bill, done)
