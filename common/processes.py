@@ -176,12 +176,21 @@ class ManagedProcess:
         return "\n".join(text[-lines:])
 
 
+# Redis rewrites its append-only file once it has doubled since the last rewrite and holds at least
+# this much. Redis's default, 64mb, let the indexer's churn (blocks stored, then removed) grow a file
+# that a restart replayed for 6.2 s under 16 replicas' load, 0.62 s on a quiet VM, while every front's
+# reads met LOADING (bench chaos, 16 timed replicas); rewritten, the same data loaded in 0.11 s.
+AOF_REWRITE_MIN = "4mb"
+
+
 def redis_argv(appendfsync: str = "off") -> list[str]:
     """redis-server's persistence arguments: no RDB snapshots; with `appendfsync` `everysec` or
-    `always`, an append-only file in its `--dir`, loaded again when Redis restarts there."""
+    `always`, an append-only file in its `--dir`, loaded again when Redis restarts there, and kept
+    compact (AOF_REWRITE_MIN)."""
     if appendfsync == "off":
         return ["--save", "", "--appendonly", "no"]
-    return ["--save", "", "--appendonly", "yes", "--appendfsync", appendfsync]
+    return ["--save", "", "--appendonly", "yes", "--appendfsync", appendfsync,
+            "--auto-aof-rewrite-percentage", "100", "--auto-aof-rewrite-min-size", AOF_REWRITE_MIN]
 
 
 def redis_process(host: str, port: int, directory: Path, log_path: Path, appendfsync: str = "off") -> ManagedProcess:

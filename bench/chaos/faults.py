@@ -13,8 +13,8 @@ a crash would:
   Serve starts another, back when one is alive;
 - `redis`, `mooncake-master`, `mooncake-store`, and `ingress` (the first of
   HAProxy's processes, where `serve.ingress` runs it): the process `baton up` started; its supervision
-  starts another, back when state.json names a new PID (Redis's and HAProxy's
-  accepting connections).
+  starts another, back when state.json names a new PID (HAProxy's accepting
+  connections; Redis's answering a PING, which it refuses while it loads its file).
 
 `<name>:freeze` (a replica, the indexer or a process above) stops it with SIGSTOP
 instead, and SIGCONTs it `freeze_s` later, as a stalled machine or a long GC pause
@@ -83,6 +83,17 @@ def _accepts(url: str) -> bool:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
             return True
     except OSError:
+        return False
+
+
+def _serves(url: str, component: str) -> bool:
+    """Whether the restarted child at `url` serves: HAProxy accepts connections; Redis answers a PING,
+    which it refuses (LOADING) until it has loaded its append-only file."""
+    if component != "redis":
+        return _accepts(url)
+    try:
+        return bool(redis_lib.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
+    except redis_lib.RedisError:
         return False
 
 
@@ -191,7 +202,7 @@ class Fault:
                 if c == "indexer":
                     return bool(_indexers(s))
                 url = _answers_at(s, c)
-                return url is None or _accepts(url)
+                return url is None or _serves(url, c)
             if c in REPLICA_FAULTS:
                 live = _live(s, _pool(c))
                 return len(live) >= len(self.before) and live != self.before
@@ -201,6 +212,6 @@ class Fault:
             name = _child_name(s, c)
             pid = _children(s)[name]
             url = _answers_at(s, c)
-            return pid != self.before and (url is None or _accepts(url))
+            return pid != self.before and (url is None or _serves(url, c))
         except (OSError, RuntimeError, ValueError, StopIteration, KeyError):
             return False

@@ -45,7 +45,9 @@ if [ "$BATON_REDIS_START" = true ]; then
     # loads again; a head start begins empty, as `baton up` does (common/processes.py redis_argv)
     rm -rf "$BATON_NODE_DIR/appendonlydir"
     REDIS_AOF=(--appendonly no)
-    [ "$BATON_REDIS_APPENDFSYNC" = off ] || REDIS_AOF=(--appendonly yes --appendfsync "$BATON_REDIS_APPENDFSYNC")
+    # rewritten once doubled past 4mb, so that a restart loads it in a fraction of a second (common/processes.py AOF_REWRITE_MIN)
+    [ "$BATON_REDIS_APPENDFSYNC" = off ] || REDIS_AOF=(--appendonly yes --appendfsync "$BATON_REDIS_APPENDFSYNC"
+        --auto-aof-rewrite-percentage 100 --auto-aof-rewrite-min-size 4mb)
     start_daemon redis "$(command -v redis-server || die 'redis-server not installed')" "$REDIS_CONF" \
         --bind "${REDIS_BIND[@]}" --port "$BATON_REDIS_PORT" --protected-mode no \
         --save '' "${REDIS_AOF[@]}" --dir "$BATON_NODE_DIR"
