@@ -5,7 +5,8 @@ A new response gets its id here (vLLM answers with the request's
 request with `previous_response_id` is made stateless from the tenant's
 stored conversation (deployments/api/response_store.py), and is routed with the
 chain's session key, so it runs where its prefix is cached. The answer the
-client received is stored once it completed.
+client received is stored once it completed, before the client gets the
+answer's last message (for up to READ_RETRY_S while Redis is away).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def _unavailable() -> APIError:
 class ResponsesAPI:
     """One front's view of the stored responses."""
 
-    def __init__(self, store: ResponseStore, retry_s: float = KEEP_RETRY_S):
+    def __init__(self, store: ResponseStore, retry_s: float = KEEP_RETRY_S, hold_s: float = READ_RETRY_S):
         self.store, self.retry_s = store, retry_s
+        self.hold_s = hold_s  # how long an answer's last message waits for its store (ResponseCapture)
         self.given_up = 0  # finished responses never stored: Redis stayed away longer than retry_s
 
     async def chain(self, body: dict, tenant: str, session: str | None) -> str:
@@ -60,9 +62,9 @@ class ResponsesAPI:
 
     async def keep(self, tenant: str, response, turn: list, session: str) -> bool:
         """Stores a finished `response` (as its client received it; one cut at max_output_tokens
-        too, as OpenAI keeps those) with the input `turn` that led to it. The answer is already
-        sent: while Redis is away (a restart) the write is tried again for up to `retry_s`, and
-        only then given up (a turn that names it gets a 404). Whether it was stored."""
+        too, as OpenAI keeps those) with the input `turn` that led to it. The answer's last message
+        waits for it up to `hold_s`: while Redis is away (a restart) the write is tried again for up
+        to `retry_s`, and only then given up (a turn that names it gets a 404). Whether it was stored."""
         if not isinstance(response, dict) or response.get("status") not in KEPT_STATUSES or "id" not in response:
             return False
         response["store"] = True  # the engine's own store is off; Baton's kept it

@@ -61,12 +61,16 @@ class Pipeline:
             self.finish(req)
 
     async def _kept(self, req: Request) -> None:
-        """Answers a Responses request and stores what its client received, with its turn (its
-        permit was released when the engine's answer ended: the relay runs finish then)."""
-        req.send = capture = ResponseCapture(req.send)
+        """Answers a Responses request and stores what its client received, with its turn, before
+        the answer's last message (ResponseCapture; its permit was released when the engine's
+        answer ended: the relay runs finish then)."""
         turn = input_items(req.body["input"])
+        req.send = capture = ResponseCapture(
+            req.send, lambda response: self.responses.keep(req.tenant, response, turn, req.session),
+            self.responses.hold_s)
         await self._answer(req)
-        await self.responses.keep(req.tenant, capture.response, turn, req.session)
+        if capture.kept is not None:  # stored, or still waiting for Redis: up to its keep window
+            await capture.kept
 
     async def _answer(self, req: Request) -> None:
         await self.models(req)
