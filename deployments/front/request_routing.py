@@ -150,25 +150,32 @@ class RequestRouting:
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
-                choice = min(names, key=lambda n: (self._load(pool, n, state),
-                                                   (names.index(n) - turn) % len(names)))
+                loads = self._loads(pool, names, self._statics(pool, state.live)[1], state, now)
+                choice = min(names, key=lambda n: (loads[n].running, (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", match.get(choice, 0))
         names, base = self._statics(pool, state.live)
-        work, seen = self.work[pool], state.work.get(pool, {})
-        sessions = state.sessions.get(pool, {})
-        loads = {}
-        for n in names:
-            running = self._load(pool, n, state)
-            capacity, free, prefill_rate, load_rate = base[n]
-            # Nothing waits where no front has a request in flight: a beat that still shows one waiting
-            # (up to routing.heartbeat_s old) is the session's previous turn, and moved its next one.
-            loads[n] = ReplicaLoad(running=running, capacity=capacity, free_kv_blocks=free,
-                                   oldest_wait_s=self._wait(live[n], now) if running else 0.0,
-                                   sessions=sessions.get(n, 0),
-                                   queued_prefill_blocks=max(work[n], seen.get(n, 0.0)),
-                                   prefill_s_per_block=prefill_rate, load_s_per_block=load_rate)
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
-        return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool), match)
+        return self.policy.route(req, self._loads(pool, names, base, state, now), state.snap, view, now,
+                                 state.placement.get(pool), match)
+
+    def _loads(self, pool: str, names: list[str], base: dict[str, tuple], state: Reads,
+               now: float) -> dict[str, ReplicaLoad]:
+        """Each replica's load at this decision. Running: every live front's requests there at this
+        decision's read, or this front's if more (its writes may not have landed); not the engine's
+        heartbeat count, which moved sessions off replicas that had drained (bench affinity). Nothing
+        waits where no front has a request in flight: a beat still showing one waiting is the
+        session's previous turn, and moved its next one. Changes nothing."""
+        live, mine, theirs = state.live[pool], self.inflight[pool].get, state.inflight[pool].get
+        work, seen, sessions = self.work[pool].get, state.work.get(pool, {}).get, state.sessions.get(pool, {}).get
+        loads = {}
+        for n in names:  # inlined, with positional arguments: 64 replicas' loads were a third of a decision
+            running = max(mine(n, 0), theirs(n, 0))
+            capacity, free, prefill_rate, load_rate = base[n]
+            queued, ahead = work(n, 0.0), seen(n, 0.0)
+            # running, queued, free, capacity, alive, pending, oldest wait, sessions, queued prefill, rates
+            loads[n] = ReplicaLoad(running, 0, free, capacity, True, 0.0, self._wait(live[n], now) if running else 0.0,
+                                   sessions(n, 0), ahead if ahead > queued else queued, prefill_rate, load_rate)
+        return loads
 
     def _statics(self, pool: str, live: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, tuple]]:
         """`pool`'s replicas in name order, and per replica what its load takes from the registry:
@@ -189,13 +196,6 @@ class RequestRouting:
         names = sorted(entries)
         self._derived[pool] = (live, names, base)
         return names, base
-
-    def _load(self, pool: str, replica: str, state: Reads) -> int:
-        """Requests on `replica`: every live front's in flight there at this decision's read, or
-        this front's if more (its writes may not have landed). Not the engine's `unfinished` from
-        its heartbeat, up to `routing.heartbeat_s` old: that stale count moved sessions off
-        replicas that had drained (bench affinity, PD pool on)."""
-        return max(self.inflight[pool][replica], state.inflight[pool].get(replica, 0))
 
     @staticmethod
     def _wait(entry: dict, now: float) -> float:

@@ -105,6 +105,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -236,18 +237,15 @@ class BatonPolicy:
         if len(load) == 1:
             return set(load)
         slack = cfg.overload_slack_blocks if loads_in_blocks(loads) else cfg.overload_slack_requests
-        total = sum(load.values())
+        total, others_n = sum(load.values()), len(load) - 1
+        waits = {n: loads[n].oldest_wait_s for n in load}
         # The least wait among the others: the pool's least, or for its holder the second least.
-        by_wait = sorted(load, key=lambda n: loads[n].oldest_wait_s)
-        least, second = (loads[by_wait[i]].oldest_wait_s for i in (0, 1))
-        out = set()
-        for n in load:
-            others = (total - load[n]) / (len(load) - 1)
-            least_wait = second if n == by_wait[0] else least
-            if load[n] <= cfg.overload_ratio * others + slack and \
-                    loads[n].oldest_wait_s <= least_wait + cfg.overload_wait_s:
-                out.add(n)
-        return out
+        first, runner_up = heapq.nsmallest(2, waits, key=waits.__getitem__)
+        least, second = waits[first], waits[runner_up]
+        ratio, wait_s = cfg.overload_ratio, cfg.overload_wait_s
+        return {n for n, own in load.items()
+                if own <= ratio * (total - own) / others_n + slack
+                and waits[n] <= (second if n == first else least) + wait_s}
 
     def _popular_len(self, held: list[int]) -> int:
         """Leading blocks held by at least POPULAR_FRACTION of ``held``'s
