@@ -153,6 +153,8 @@ class PolicyConfig:
 class BatonPolicy:
     """The Baton routing policy. Holds only its config and RNG."""
 
+    prune = True  # False prices every candidate of a pinned turn: the reference the tests compare with
+
     def __init__(self, config: PolicyConfig | None = None, rng: random.Random | None = None) -> None:
         self.config = config or PolicyConfig()
         self.rng = rng or random.Random(0)
@@ -192,7 +194,11 @@ class BatonPolicy:
         if request.session is not None:
             pinned = pins.get(request.session, now)
             if pinned in load:
-                choice, stay, moved = self._keep_or_move(pinned, ok, cost, load, loads[pinned])
+                n_blocks, per_block = len(request.block_hashes), self._block_floor(loads, tier > 0)
+
+                def floor(n: str) -> float:  # at most cost(n).total (see _keep_or_move)
+                    return loads[n].oldest_wait_s + (n_blocks - min(n_blocks, max(held[n], popular))) * per_block
+                choice, stay, moved = self._keep_or_move(pinned, ok, cost, load, loads[pinned], floor)
                 if choice == pinned:
                     return RoutingDecision(pinned, "pinned", held[pinned], False, stay.ttft_s, stay.ttft_s)
                 return RoutingDecision(choice, "moved", held[choice], pins.pin(request.session, choice, now),
@@ -215,20 +221,36 @@ class BatonPolicy:
         return RoutingDecision(choice, reason, held[choice], repinned, predicted)
 
     def _keep_or_move(self, pinned: str, ok: list[str], cost, load: dict[str, float],
-                      pinned_load: ReplicaLoad) -> tuple[str, Cost, Cost]:
+                      pinned_load: ReplicaLoad, floor) -> tuple[str, Cost, Cost]:
         """Step 2: the pinned replica, or the cheapest other candidate under the bound where
-        moving beats staying by the margins; with the cost of staying and of the choice."""
+        moving beats staying by the margins; with the cost of staying and of the choice.
+
+        Moving needs a total under `bar` (worth_moving), so only the candidates whose `floor` (a
+        lower bound of their total) is under it are priced: where one of the others is worth
+        moving to, the cheapest of all is among them, and where none is, the pin stays either way.
+        At 64 replicas a pinned turn priced 63 candidates that held none of its context."""
         cfg = self.config
         stay = cost(pinned)
-        others = [n for n in ok if n != pinned]
+        margin_s = cfg.move_margin_blocks * rates_of(pinned_load, cfg.default_rates).prefill_s_per_block
+        bar = stay.total - cfg.move_margin * stay.ttft_s - margin_s
+        others = [n for n in ok if n != pinned and (not self.prune or floor(n) * (1 - 1e-9) < bar)]  # rounding
         if not others:
             return pinned, stay, stay
         costs = {n: cost(n) for n in others}
         alt = min(others, key=lambda n: (costs[n].total, load[n]))
-        margin_s = cfg.move_margin_blocks * rates_of(pinned_load, cfg.default_rates).prefill_s_per_block
         if worth_moving(stay, costs[alt], cfg.move_margin, margin_s):
             return alt, stay, costs[alt]
         return pinned, stay, stay
+
+    def _block_floor(self, loads: dict[str, ReplicaLoad], tiered: bool) -> float:
+        """The least any candidate's total can grow per prompt block it lacks: a block computed
+        costs `recompute_weight` x its seconds (its own time and the requests' behind it), one
+        loaded from the shared tier (where it holds the prompt) its load time. Changes nothing."""
+        cfg, w = self.config, self.config.recompute_weight
+        kinds = {(l.prefill_s_per_block, l.load_s_per_block): l for l in loads.values()}
+        rates = [rates_of(l, cfg.default_rates) for l in kinds.values()]
+        return min(min(w * r.prefill_s_per_block, r.load_s_per_block) if tiered else w * r.prefill_s_per_block
+                   for r in rates)
 
     def _under_bound(self, load: dict[str, float], loads: dict[str, ReplicaLoad]) -> set[str]:
         """The candidates within the overload bound (step 1): load against the others' mean (with
