@@ -51,22 +51,23 @@ def test_churn_keeps_the_append_only_file_compact_and_a_restart_loads_what_is_li
     the file once it has doubled past AOF_REWRITE_MIN, so a restart loads what is live, not the
     history (with Redis's default 64mb, 32 MB of history took 6.2 s to load under load)."""
     server, url = start_redis(tmp_path, "everysec")
-    client = redis.Redis.from_url(url)
-    value = "x" * 1000
-    for round_ in range(40):  # ~40 MB of writes, ~1 MB live at the end
-        pipe = client.pipeline(transaction=False)
-        for i in range(1000):
-            pipe.set(f"baton:idx:{i}", f"{round_}{value}")
-        pipe.execute()
-    def size() -> int:  # Redis's cron starts a rewrite within 100 ms of the write that doubled the file
-        return sum(f.stat().st_size for f in (tmp_path / "appendonlydir").iterdir())
-    deadline = time.monotonic() + 30
-    while size() >= 12 * 2**20 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert size() < 12 * 2**20, client.info("persistence")
-    _kill(server)
-    restart_redis(server)
     try:
+        client = redis.Redis.from_url(url)
+        value = "x" * 1000
+        for round_ in range(40):  # ~40 MB of writes, ~1 MB live at the end
+            pipe = client.pipeline(transaction=False)
+            for i in range(1000):
+                pipe.set(f"baton:idx:{i}", f"{round_}{value}")
+            pipe.execute()
+
+        def size() -> int:  # Redis's cron starts a rewrite within 100 ms of the write that doubled the file
+            return sum(f.stat().st_size for f in (tmp_path / "appendonlydir").iterdir())
+        deadline = time.monotonic() + 30
+        while size() >= 12 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert size() < 12 * 2**20, client.info("persistence")
+        _kill(server)
+        restart_redis(server)
         client = redis.Redis.from_url(url)
         assert client.dbsize() == 1000 and client.get("baton:idx:7") == f"39{value}".encode()
     finally:
@@ -170,14 +171,14 @@ def test_a_client_gets_the_answers_end_only_once_its_response_is_stored(tmp_path
 
         def capture():
             return ResponseCapture(send, lambda r: api.keep("tenant-a", r, [], "s1"), api.hold_s)
-        kept = capture()
-        for m in messages:
-            await kept(m)
-        stored_at = seen.index(True)
-        await asyncio.to_thread(_kill, server)  # Redis away: the end goes on after hold_s
-        late, up[0] = capture(), False
-        t0 = time.monotonic()
         try:
+            kept = capture()
+            for m in messages:
+                await kept(m)
+            stored_at = seen.index(True) if True in seen else None
+            await asyncio.to_thread(_kill, server)  # Redis away: the end goes on after hold_s
+            late, up[0] = capture(), False
+            t0 = time.monotonic()
             for m in messages[:2 if stream else 1]:
                 await late(m)
             held = asyncio.ensure_future(late(messages[2 if stream else 1]))
