@@ -81,7 +81,7 @@ class ResponseCapture:
     With `keep` (a coroutine function of the response), the message that completes the response
     waits for `keep` to store it, for up to `hold_s`, before it reaches the client: a client that
     has a response's id can chain on it at once, from any front. (Stored after the answer, the
-    next turn raced the write: 1 of 234 turns got a 404 in a Redis kill at 16 replicas.) Past
+    next turn raced the write: a turn got a 404 in a Redis kill at 16 replicas.) Past
     `hold_s` (Redis away) the message goes on and `kept`, the store's task, still runs."""
 
     def __init__(self, send, keep=None, hold_s: float = 0.0):

@@ -266,7 +266,7 @@ class BatonPolicy:
         least, second = waits[first], waits[runner_up]
         ratio, wait_s = cfg.overload_ratio, cfg.overload_wait_s
         return {n for n, own in load.items()
-                if own <= ratio * (total - own) / others_n + slack
+                if own <= ratio * ((total - own) / others_n) + slack
                 and waits[n] <= (second if n == first else least) + wait_s}
 
     def _popular_len(self, held: list[int]) -> int:
