@@ -31,8 +31,12 @@ def test_short_chaos_run_hangs_nothing_and_everything_comes_back(tmp_path):
             # dead engine held before its answer began runs again on another replica (99.6-100% in four
             # runs: a stream whose first bytes were on their way at the kill ends with an error event)
             assert sum(r[k] for k in BAD) == 0 and r["unaffected_share"] >= 0.98, r
-        elif r["fault"] == "ingress":  # one HAProxy's connections die with it; the other takes new ones
-            assert r["unaffected_share"] >= 0.98, r  # with one process: 92.2-97.8% (docs/bench_chaos.md)
+        elif r["fault"] == "ingress":  # one HAProxy's connections die with it; the other takes new ones:
+            # what fails is only what the killed process held at the kill (1-5 connections of ~200 in
+            # CI runs, 97.4-99.7% answered; with one process: 92.2-97.8%, docs/bench_chaos.md)
+            assert all(r[k] == 0 for k in BAD if k not in ("dropped", "broken")), r
+            assert all(f["sent_s"] <= 0 and f["ended_s"] < 1 for f in r["failures"]), r["failures"]
+            assert r["unaffected_share"] >= 0.95, r
         else:
             assert sum(r[k] for k in BAD) == 0, {k: r[k] for k in ("fault", *BAD)}
             assert r["unaffected_share"] >= 0.99, r
