@@ -86,20 +86,18 @@ def _accepts(url: str) -> bool:
         return False
 
 
-def _serves(url: str, component: str) -> bool:
-    """Whether the restarted child at `url` serves: HAProxy accepts connections; Redis answers a PING,
-    which it refuses (LOADING) until it has loaded its append-only file."""
+def _answers(stack: StackProcess, component: str) -> bool:
+    """Whether a restarted child serves: HAProxy accepts connections; Redis answers a PING, which it
+    refuses (LOADING) until it has loaded its append-only file. True for the others."""
+    if component == "ingress":
+        return _accepts(stack.url)
     if component != "redis":
-        return _accepts(url)
+        return True
     try:
-        return bool(redis_lib.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
+        with redis_lib.Redis.from_url(stack.cfg["redis"]["url"], socket_timeout=1, socket_connect_timeout=1) as r:
+            return bool(r.ping())
     except redis_lib.RedisError:
         return False
-
-
-def _answers_at(stack: StackProcess, component: str) -> str | None:
-    """The URL a restarted child must accept connections on to be back (Redis's, HAProxy's), or None."""
-    return {"redis": stack.cfg["redis"]["url"], "ingress": stack.url}.get(component)
 
 
 def _child_name(stack: StackProcess, fault: str) -> str:
@@ -201,8 +199,7 @@ class Fault:
                     return self.before in _live(s, c)
                 if c == "indexer":
                     return bool(_indexers(s))
-                url = _answers_at(s, c)
-                return url is None or _serves(url, c)
+                return _answers(s, c)
             if c in REPLICA_FAULTS:
                 live = _live(s, _pool(c))
                 return len(live) >= len(self.before) and live != self.before
@@ -211,7 +208,6 @@ class Fault:
                 return bool(now) and now != self.before
             name = _child_name(s, c)
             pid = _children(s)[name]
-            url = _answers_at(s, c)
-            return pid != self.before and (url is None or _serves(url, c))
+            return pid != self.before and _answers(s, c)
         except (OSError, RuntimeError, ValueError, StopIteration, KeyError):
             return False

@@ -150,8 +150,8 @@ class RequestRouting:
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
-                loads = self._loads(pool, names, self._statics(pool, state.live)[1], state, now)
-                choice = min(names, key=lambda n: (loads[n].running, (names.index(n) - turn) % len(names)))
+                mine, theirs = self.inflight[pool].get, state.inflight[pool].get  # as _loads counts them
+                choice = min(names, key=lambda n: (max(mine(n, 0), theirs(n, 0)), (names.index(n) - turn) % len(names)))
             return RoutingDecision(choice, "load", match.get(choice, 0))
         names, base = self._statics(pool, state.live)
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
