@@ -2,24 +2,24 @@
 that needs the shared stack whole).
 
 Each case is made to happen for certain, not by racing a timer, and every
-wait is bounded (nothing may hang):
-1. a request forwarded to a replica that is already dead (its registry
-   entry still fresh) runs on the front that accepted it, same greedy answer;
-2. the session pinned to that dead replica then moves to a live one;
-3. a stream whose replica dies with the request in its engine's queue (the
+wait is bounded (nothing may hang). Two kills, one after the other:
+1. a stream whose replica dies with the request in its engine's queue (the
    engine core is stopped with SIGSTOP, so no token can come) is run again by
-   the front: the client sees only the healthy answer, never the death;
-4. a stream whose replica dies after its first token ends with an
-   OpenAI-style error event and `[DONE]`;
-5. a plain (non-streamed) request whose replica dies mid-answer, tokens
-   already computed, is run again by the front: the client was sent
-   nothing yet, so it gets the healthy greedy answer (request migration).
+   the front: the client sees only the healthy answer, never the death; then
+   a request forwarded to that dead replica (its registry entry kept fresh)
+   runs on the front that accepted it, same greedy answer;
+2. the session pinned to the dead replica then moves to a live one;
+3. once the replica is replaced, a second one dies with two requests on it:
+   a stream that has its first token ends with an OpenAI-style error event
+   and `[DONE]`; a plain (non-streamed) request, tokens already computed but
+   none sent, is run again by the front, which gives the healthy greedy
+   answer (request migration).
 Replicas die by SIGKILL of their processes (StackProcess.crash), which
 returns once they are gone; Serve replaces each.
 
 Each decode replica serves the public port in its own process (SO_REUSEPORT),
 so a client whose connection the dying replica accepted sees it close, as with
-`vllm serve`. Tests 3 and 4 therefore talk over one kept-alive connection that
+`vllm serve`. Tests 1 and 3 therefore talk over kept-alive connections that
 another replica's front accepted; the fronts' own admitted counts say which.
 """
 
@@ -33,58 +33,33 @@ import httpx
 import pytest
 import redis
 
+from common.constants import SESSION_HEADER as SESSION
 from routing.prefix.redis_state import registry_key
 from tests.e2e import prompts
 from tests.e2e.test_routing import chat
 
 WAIT_S = 120  # the longest any request here may take
+QUEUED, MID = "sess-queue", "sess-mid"  # the sessions of the first kill and of the second
+_KILLED: dict = {}  # the first kill's victim and its session's messages
 
 pytestmark = pytest.mark.usefixtures("destructive")
 
 
-def test_a_request_sent_to_a_dead_replica_is_retried_before_its_first_token(stack):
-    """For up to `routing.replica_timeout_s` after a replica dies, its registry entry
-    still looks alive and the session's pin still names it. The test holds that
-    window open (it writes the dead replica's last entry back with a fresh time),
-    so the front is sure to forward there, find it unreachable, and run the
-    request itself: same greedy answer, no error, one retry counted."""
-    _wait_pool(stack, 2)
-    conversation = prompts.make("death", 60)
-    first = chat(stack, conversation, session="sess-death", max_tokens=16).json()
-    victim = first["baton"]["decode_replica"]
-    r = redis.Redis.from_url(stack.cfg["redis"]["url"])
-    entry = json.loads(r.hget(registry_key("decode"), victim))
-    stack.crash(stack.replica_processes("decode", victim))
-    r.hset(registry_key("decode"), victim, json.dumps({**entry, "ts": time.time()}))
-    retries = _own_counts(stack, "baton_retries_total")
-    again = chat(stack, conversation, session="sess-death", max_tokens=16).json()
-    baton = again["baton"]
-    assert baton["route"] == "pinned" and baton["retried_after"], baton  # it went to the dead replica first
-    assert baton["decode_replica"] != victim
-    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-    assert again["choices"][0]["finish_reason"] == first["choices"][0]["finish_reason"]
-    assert _own_counts(stack, "baton_retries_total")[baton["decode_replica"]] == retries[baton["decode_replica"]] + 1
-
-
-def test_session_moves_when_its_replica_dies(stack):
-    """After the dead replica's entry goes stale, the session's pin moves to a live one."""
-    time.sleep(stack.cfg["routing"]["replica_timeout_s"] + 1.5)  # heartbeat goes stale, pin (TTL 10 s) stays
-    r = chat(stack, prompts.make("death", 60), session="sess-death").json()["baton"]
-    assert r["decode_replica"] in _live_decode(stack)
-    line = next(x for x in httpx.get(f"{stack.url}/metrics", timeout=10).text.splitlines()
-                if x.startswith('baton_repins_total{pool="decode"}'))
-    assert float(line.split()[-1]) >= 1
-
-
-def test_a_stream_whose_replica_dies_before_its_first_token_gets_the_healthy_answer(stack):
-    """The victim's engine core is stopped, so the victim accepts the stream
-    (and sends its headers) but can produce no token; it is killed once its
-    engine holds the request. The front that forwarded it runs it again."""
+def test_a_replica_that_dies_before_its_first_token_costs_its_requests_nothing(stack):
+    """1. The victim's engine core is stopped, so the victim accepts a stream (and sends its
+    headers) but can produce no token; it is killed once its engine holds the request. The front
+    that forwarded it runs it again.
+    2. For up to `routing.replica_timeout_s` after a replica dies, its registry entry still looks
+    alive, and the session's pin still names it. The test holds that window open (it writes the
+    dead replica's last entry back with a fresh time), so the front is sure to forward the
+    session's next request there, find it unreachable, and run it itself: same greedy answer,
+    no error, one retry counted."""
     _wait_pool(stack, 2)
     messages = prompts.make("death-queue", 60)
-    healthy = chat(stack, messages, session="sess-queue", max_tokens=16).json()
+    healthy = chat(stack, messages, session=QUEUED, max_tokens=16).json()
     victim = healthy["baton"]["decode_replica"]
-    status, events, front, grew = asyncio.run(_die_in_queue(stack, victim, messages))
+    (status, events, front, grew), (again, retried) = asyncio.run(_die_in_queue(stack, victim, messages))
+    _KILLED.update(victim=victim, messages=messages)
     assert status == 200, events
     assert grew == {"baton_admitted_total": 1, "baton_retries_total": 1}  # it came through `front`, once retried
     assert events[-1] == "[DONE]", events
@@ -97,52 +72,60 @@ def test_a_stream_whose_replica_dies_before_its_first_token_gets_the_healthy_ans
     assert baton["retried_after"] not in (None, "ClientConnectorError"), baton
     assert _text(chunks) == healthy["choices"][0]["message"]["content"]
     assert _finish(chunks) == [healthy["choices"][0]["finish_reason"]]
+    # 2. the next request of the session, sent to the dead replica
+    baton = again["baton"]
+    assert baton["route"] == "pinned" and baton["retried_after"], baton  # it went to the dead replica first
+    assert baton["decode_replica"] != victim and retried == 1, (baton, retried)
+    assert again["choices"][0]["message"]["content"] == healthy["choices"][0]["message"]["content"]
+    assert again["choices"][0]["finish_reason"] == healthy["choices"][0]["finish_reason"]
 
 
-def test_a_stream_whose_replica_dies_after_its_first_token_ends_with_an_error_event(stack):
-    """Killed as soon as the client has a token: the stream cannot be run again
-    (the client has part of it), so the front ends it cleanly."""
-    _wait_pool(stack, 2)
-    messages = prompts.make("death-stream", 30)
-    victim = chat(stack, messages, session="sess-mid").json()["baton"]["decode_replica"]
-    status, events, grew = asyncio.run(_die_mid_stream(stack, victim, messages))
+def test_session_moves_when_its_replica_dies(stack):
+    """After the dead replica's entry goes stale, the session's pin moves to a live one."""
+    time.sleep(stack.cfg["routing"]["replica_timeout_s"] + 1.5)  # heartbeat goes stale, pin (TTL 10 s) stays
+    r = chat(stack, _KILLED["messages"], session=QUEUED).json()["baton"]
+    assert r["decode_replica"] in _live_decode(stack)
+    line = next(x for x in httpx.get(f"{stack.url}/metrics", timeout=10).text.splitlines()
+                if x.startswith('baton_repins_total{pool="decode"}'))
+    assert float(line.split()[-1]) >= 1
+
+
+def test_a_replica_dying_mid_answer_ends_its_stream_with_an_error_and_runs_its_plain_request_again(stack):
+    """One kill, two requests of one session on the victim, both through another front:
+    - a stream that has its first token: it cannot run again (the client has part of it), so
+      the front ends it with an OpenAI-style error event and `[DONE]`;
+    - a plain request whose engine has decoded for a second: its client has no byte yet (vLLM
+      sends the whole answer at its end), so the front runs it again on its own engine, and
+      greedy decoding gives the healthy answer (request migration)."""
+    _wait_pool(stack, 2)  # the replica the tests above killed was replaced
+    longest = stack.cfg.get("model", {}).get("max_model_len", 2048) - 200  # to outlast the kill
+    plain = {**_body(prompts.make("death-plain", 30), longest), "stream": False, "ignore_eos": True}
+    healthy = httpx.post(f"{stack.url}/v1/chat/completions", json=plain, headers={SESSION: MID}, timeout=WAIT_S)
+    victim = healthy.json()["baton"]["decode_replica"]
+    stream = {**_body(prompts.make("death-stream", 30), longest), "ignore_eos": True}
+    status, events, answer, grew = asyncio.run(_die_mid_answers(stack, victim, plain, stream))
+    assert grew == {"baton_admitted_total": 2, "baton_retries_total": 1}  # both through `front`, the plain one retried
     assert status == 200, events
-    assert grew == {"baton_admitted_total": 1, "baton_retries_total": 0}  # through another front, no retry
     assert events[-1] == "[DONE]", events
     err = json.loads(events[-2])["error"]
     assert err["type"] == "server_error" and err["code"] == "engine_unavailable", err
     chunks = [json.loads(e) for e in events[:-2]]
     assert _text(chunks) and _finish(chunks) == []  # tokens came, then the break, no finish
-    _wait_pool(stack, 2)  # and the pool recovers
-    assert chat(stack, prompts.make("after death", 30)).status_code == 200
-
-
-def test_a_plain_request_whose_replica_dies_mid_answer_gets_the_healthy_answer(stack):
-    """Killed while its engine is decoding a long answer: a plain request's client has no byte
-    yet (vLLM sends the whole answer at its end), so the front that forwarded it runs it again
-    on its own engine, and greedy decoding gives the same text."""
-    _wait_pool(stack, 2)
-    messages = prompts.make("death-plain", 30)
-    body = {**_body(messages, stack.cfg.get("model", {}).get("max_model_len", 2048) - 200),
-            "stream": False, "ignore_eos": True}
-    headers = {"x-session-affinity": "sess-plain"}
-    healthy = httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=WAIT_S).json()
-    victim = healthy["baton"]["decode_replica"]
-    status, answer, front, grew = asyncio.run(_die_mid_plain(stack, victim, body, headers))
-    assert status == 200, answer
-    assert grew == {"baton_admitted_total": 1, "baton_retries_total": 1}  # through `front`, once retried
-    assert answer["baton"]["decode_replica"] == front and answer["baton"]["retried_after"], answer["baton"]
-    assert answer["choices"][0]["message"]["content"] == healthy["choices"][0]["message"]["content"]
-    assert answer["usage"]["completion_tokens"] == healthy["usage"]["completion_tokens"]
+    assert answer.status_code == 200, answer.text
+    body, want = answer.json(), healthy.json()
+    assert body["baton"]["retried_after"], body["baton"]
+    assert body["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert body["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
 
 
 # -- a replica dies under a request -------------------------------------------
 
 async def _die_in_queue(stack, victim: str, messages: list[dict]):
-    """Streams `messages` in session sess-queue (pinned to `victim`) through
-    another front while the victim's engine core is stopped; once the victim
-    holds the request, kills it. Returns status, events, the front, and how
-    much the front's admitted and retry counts grew."""
+    """Streams `messages` in session QUEUED (pinned to `victim`) through another front while the
+    victim's engine core is stopped; once the victim holds the request, kills it, and keeps its
+    registry entry fresh from then on. Once the stream ended, sends the session's next request.
+    Returns (status, events, the front, how much its admitted and retry counts grew) of the
+    stream, and (answer, retries counted) of the next request."""
     client, front = await _client_on_another_front(stack, victim)
     processes = stack.replica_processes("decode", victim)
     assert len(processes) == 2, processes  # the replica and its engine core
@@ -152,50 +135,60 @@ async def _die_in_queue(stack, victim: str, messages: list[dict]):
         stopped = time.time()
         await asyncio.to_thread(_wait_engine_load, stack, victim, stopped, 0)  # a beat since the stop
         body = {**_body(messages, 16), "stream_options": {"include_usage": True}}
-        task = asyncio.create_task(_stream(client, body, "sess-queue", None))
+        task = asyncio.create_task(_stream(client, body, QUEUED, None))
         await asyncio.to_thread(_wait_engine_load, stack, victim, stopped, 1)  # the request is in
+        entry = _entries(stack)[victim]
     finally:
         stack.crash(processes)
-    status, events, grew = await _outcome(stack, client, front, task, before)
-    return status, events, front, grew
+    alive = asyncio.create_task(_seem_alive(stack, victim, entry))
+    try:
+        status, events = await _ended(client, task)
+        streamed = status, events, front, _growth(stack, front, before)
+        retries = _own_counts(stack, "baton_retries_total")
+        again = (await asyncio.to_thread(chat, stack, messages, session=QUEUED, max_tokens=16)).json()
+    finally:
+        alive.cancel()
+    ran = again.get("baton", {}).get("decode_replica")
+    return streamed, (again, _own_counts(stack, "baton_retries_total").get(ran, 0) - retries.get(ran, 0))
 
 
-async def _die_mid_stream(stack, victim: str, messages: list[dict]):
-    """Streams a long answer in session sess-mid (pinned to `victim`) through
-    another front; kills the victim once the first token arrived. Returns
-    status, events and how much the front's admitted and retry counts grew."""
-    client, front = await _client_on_another_front(stack, victim)
+async def _seem_alive(stack, replica: str, entry: dict) -> None:
+    """Writes `replica`'s registry `entry` back with a fresh time every half second, until
+    cancelled: routing takes the dead replica for a live one."""
+    r = redis.Redis.from_url(stack.cfg["redis"]["url"])
+    while True:
+        r.hset(registry_key("decode"), replica, json.dumps({**entry, "ts": time.time()}))
+        await asyncio.sleep(0.5)
+
+
+async def _die_mid_answers(stack, victim: str, plain: dict, stream: dict):
+    """Sends `plain` and then streams `stream`, both in session MID (pinned to `victim`), each on a
+    connection another front accepted; kills the victim once the stream's first token arrived and
+    the plain request has been decoding for a second. Returns the stream's status and events, the
+    plain answer, and how much that front's admitted and retry counts grew."""
+    (plain_client, front), (stream_client, other) = [await _client_on_another_front(stack, victim)
+                                                     for _ in range(2)]
+    assert front == other  # two replicas: the one that is not the victim
     processes = stack.replica_processes("decode", victim)
     before = _front_counts(stack, front)
+    asked = time.time()
+    answering = asyncio.create_task(plain_client.post("/v1/chat/completions", json=plain, headers={SESSION: MID}))
     first = asyncio.Event()
-    # As long an answer as the context takes: it must outlast the kill.
-    body = {**_body(messages, stack.cfg.get("model", {}).get("max_model_len", 2048) - 200), "ignore_eos": True}
-    task = asyncio.create_task(_stream(client, body, "sess-mid", first))
     try:
+        await asyncio.to_thread(_wait_engine_load, stack, victim, asked, 1)  # decoding the plain request
+        decoding = time.monotonic()
+        streaming = asyncio.create_task(_stream(stream_client, stream, MID, first))
         await asyncio.wait_for(first.wait(), WAIT_S)
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - decoding)))  # tokens computed, none sent
+        assert not answering.done(), "the plain answer must outlast the kill"
     finally:
         stack.crash(processes)
-    return await _outcome(stack, client, front, task, before)
-
-
-async def _die_mid_plain(stack, victim: str, body: dict, headers: dict):
-    """Sends the plain `body` (pinned to `victim`) through another front; kills the victim once
-    its engine has held the request for a second. Returns status, answer, front, counts grown."""
-    client, front = await _client_on_another_front(stack, victim)
-    processes = stack.replica_processes("decode", victim)
-    before = _front_counts(stack, front)
-    task = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=headers))
+    status, events = await _ended(stream_client, streaming)
     try:
-        await asyncio.to_thread(_wait_engine_load, stack, victim, time.time(), 1)
-        await asyncio.sleep(1.0)  # decoding: tokens computed, none sent
-        assert not task.done(), "the answer must outlast the kill"
+        answer = await asyncio.wait_for(answering, WAIT_S)
     finally:
-        stack.crash(processes)
-    try:
-        r = await asyncio.wait_for(task, WAIT_S)
-    finally:
-        await client.aclose()
-    return r.status_code, r.json(), front, _growth(stack, front, before)
+        await plain_client.aclose()
+    return status, events, answer, _growth(stack, front, before)
 
 
 # -- helpers ------------------------------------------------------------------
@@ -208,13 +201,12 @@ def _front_counts(stack, front: str) -> dict[str, float]:
     return {name: _own_counts(stack, name)[front] for name in COUNTERS}
 
 
-async def _outcome(stack, client: httpx.AsyncClient, front: str, task: asyncio.Task, before: dict[str, float]):
-    """(status, events, counts grown) once the stream `task` ended; closes `client`."""
+async def _ended(client: httpx.AsyncClient, task: asyncio.Task) -> tuple[int, list[str]]:
+    """(status, events) once the stream `task` ended; closes `client`."""
     try:
-        status, events = await asyncio.wait_for(task, WAIT_S)
+        return await asyncio.wait_for(task, WAIT_S)
     finally:
         await client.aclose()
-    return status, events, _growth(stack, front, before)
 
 
 def _growth(stack, front: str, before: dict[str, float]) -> dict[str, float]:
@@ -231,7 +223,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, session: str, first_tok
     """(status, the `data:` payloads); sets `first_token` when a content token arrives."""
     events: list[str] = []
     async with client.stream("POST", "/v1/chat/completions", json=body,
-                             headers={"x-session-affinity": session}) as r:
+                             headers={SESSION: session}) as r:
         if r.status_code != 200:
             return r.status_code, [(await r.aread()).decode()]
         async for line in r.aiter_lines():
