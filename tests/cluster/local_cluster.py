@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import socket
 import subprocess
@@ -31,25 +32,31 @@ UP_TIMEOUT_S = 240
 DEPLOY_TIMEOUT_S = 420
 API_KEY = "cluster-test-key"  # the deploy config requires keys, as cluster/ray_up/baton/cluster.yaml does
 
+# One Ray driver for every probe of a test run: it answers each line on its stdin with a line
+# `PROBE_JSON {...}`. A new driver per probe (Python, Ray's and Serve's imports, a driver's
+# connection) cost seconds of CPU each, every 5 s, beside the engines the tests wait for.
 PROBE = r"""
 import json, sys
 import ray
 from ray import serve
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-nodes = {n["NodeID"]: {"alive": n["Alive"], "resources": n["Resources"]} for n in ray.nodes()}
-actors = [
-    {"name": a["Name"], "state": a["State"], "node": a["Address"]["NodeID"]}
-    for a in ray._private.state.state.actor_table(None).values()
-    if a["Name"].startswith("SERVE_REPLICA::")
-]
-app = serve.status().applications.get("baton")
-deps = {}
-if app is not None:
-    deps = {n: {"status": d.status.value, "replicas": {k.value if hasattr(k, "value") else str(k): v
-                                                    for k, v in d.replica_states.items()}}
-            for n, d in app.deployments.items()}
-print("PROBE_JSON " + json.dumps({"nodes": nodes, "actors": actors, "deployments": deps}))
+for _ in sys.stdin:
+    nodes = {n["NodeID"]: {"alive": n["Alive"], "resources": n["Resources"]} for n in ray.nodes()}
+    actors = [
+        {"name": a["Name"], "state": a["State"], "node": a["Address"]["NodeID"]}
+        for a in ray._private.state.state.actor_table(None).values()
+        if a["Name"].startswith("SERVE_REPLICA::")
+    ]
+    app = serve.status().applications.get("baton")
+    deps = {}
+    if app is not None:
+        deps = {n: {"status": d.status.value, "replicas": {k.value if hasattr(k, "value") else str(k): v
+                                                        for k, v in d.replica_states.items()}}
+                for n, d in app.deployments.items()}
+    print("PROBE_JSON " + json.dumps({"nodes": nodes, "actors": actors, "deployments": deps}), flush=True)
 """
+PROBE_TIMEOUT_S = 120
+POLL_S = 2  # between probes while waiting: one costs the probe driver a few Ray and Serve reads
 
 
 def port_free(port: int) -> bool:
@@ -104,6 +111,8 @@ class LocalCluster:
         self.log = self.work / "test.log"
         self.address: str | None = None
         self.canary: subprocess.Popen | None = None
+        self.prober: subprocess.Popen | None = None  # the probe driver (`probe`)
+        self._probe_out = b""  # what it wrote that is not read yet
 
     def _run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         with open(self.log, "a") as out:
@@ -146,7 +155,7 @@ class LocalCluster:
                 return state
             assert time.monotonic() < deadline, \
                 f"the autoscaler did not bring up the worker nodes: {state['nodes']}\n{self.tail()}"
-            time.sleep(5)
+            time.sleep(POLL_S)
 
     def deploy(self) -> None:
         """`baton deploy` on the head, through `ray exec`, as on a cloud cluster."""
@@ -156,11 +165,44 @@ class LocalCluster:
         assert rc == 0, f"baton deploy failed ({rc}):\n{self.tail()}"
 
     def probe(self) -> dict:
-        out = subprocess.run([PYTHON, "-c", PROBE, self.address], cwd=REPO, env=self.env,
-                             capture_output=True, text=True, timeout=120)
-        line = next((l for l in out.stdout.splitlines() if l.startswith("PROBE_JSON ")), None)
-        assert line, f"probe failed ({out.returncode}):\n{out.stderr[-3000:]}"
-        return json.loads(line.split(" ", 1)[1])
+        """The cluster's nodes, Serve's replica actors and its deployments' states, read by the
+        probe driver (`PROBE`), which this starts on the first call (and again if it died)."""
+        if self.prober is None or self.prober.poll() is not None:
+            with open(self.work / "probe.err", "ab") as err:
+                self.prober = subprocess.Popen([PYTHON, "-c", PROBE, self.address], cwd=REPO, env=self.env,
+                                               bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+            self._probe_out = b""
+        self.prober.stdin.write(b"\n")
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        fd = self.prober.stdout.fileno()
+        while time.monotonic() < deadline:
+            if b"\n" in self._probe_out:
+                line, self._probe_out = self._probe_out.split(b"\n", 1)
+                if line.startswith(b"PROBE_JSON "):
+                    return json.loads(line.split(b" ", 1)[1])
+                continue
+            if not select.select([fd], [], [], deadline - time.monotonic())[0]:
+                break
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # the driver died
+                break
+            self._probe_out += chunk
+        self.stop_probe()
+        raise AssertionError(f"probe failed:\n{(self.work / 'probe.err').read_text(errors='replace')[-3000:]}")
+
+    def stop_probe(self) -> None:
+        """Ends the probe driver, if one runs (before `ray down`: it is a client of the cluster)."""
+        if self.prober is not None:
+            try:
+                self.prober.stdin.close()
+            except OSError:  # it died
+                pass
+            try:
+                self.prober.wait(30)
+            except subprocess.TimeoutExpired:
+                self.prober.kill()
+                self.prober.wait()
+            self.prober = None
 
     @staticmethod
     def kind(node: dict) -> str:
@@ -186,6 +228,7 @@ class LocalCluster:
     def down(self) -> None:
         """`ray down -y`; asserts that no process of the cluster is left and
         that the canary outside it survived."""
+        self.stop_probe()
         before = self.processes()
         try:
             rc = self.ray("down", "-y", timeout=300)

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from routing.prefix.redis_state import registry_key
-from tests.cluster.local_cluster import API_KEY, GCS_PORT, PYTHON, REPO, LocalCluster, port_free
+from tests.cluster.local_cluster import API_KEY, GCS_PORT, POLL_S, PYTHON, REPO, LocalCluster, port_free
 
 SCALE_TIMEOUT_S = 300
 REPLICA_START_TIMEOUT_S = 420
@@ -213,7 +213,7 @@ def test_prefill_autoscales_decode_untouched(cluster):
             assert time.monotonic() < deadline, \
                 f"Serve did not scale prefill to 2 replicas in {SCALE_TIMEOUT_S}s ({done[0]} requests " \
                 f"done, errors {errors[-3:]}): {history[-5:]}"
-            time.sleep(5)
+            time.sleep(POLL_S)
     finally:
         # The decision is made (Serve scales down only after downscale_delay_s,
         # 600 s by default): the engine of the new replica starts on 2 shared
@@ -228,7 +228,7 @@ def test_prefill_autoscales_decode_untouched(cluster):
     while watch(cluster.probe(), history).get("RUNNING", 0) < 2:
         assert time.monotonic() < deadline, \
             f"the second prefill replica is not RUNNING after {REPLICA_START_TIMEOUT_S}s: {history[-5:]}"
-        time.sleep(5)
+        time.sleep(POLL_S)
     # The new prefill replica landed on a prefill node (the autoscaler added one:
     # each prefill node has `prefill: 1`), decode is where it was.
     state = cluster.probe()
