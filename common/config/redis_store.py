@@ -21,10 +21,11 @@ class RedisConfig(_Strict):
     )
     appendfsync: Literal["everysec", "always", "off"] = Field(
         "everysec", description="persistence of the Redis `up` starts (its append-only file, in the "
-        "state directory): `everysec` keeps every acknowledged write through a Redis kill, the "
-        "state that must survive one (batches, stored responses, keys, usage) included, and loses "
-        "up to a second of writes only if the machine dies; `always` fsyncs each write, which "
-        "survives that too at about 5x fewer writes/s; `off` keeps nothing (docs/bench_chaos.md)")
+        "state directory): `everysec` keeps an acknowledged write through a Redis kill (batches, "
+        "stored responses, keys, usage) unless Redis held its file write back behind a slow "
+        "background fsync (up to 2 s), and loses up to a second of writes if the machine dies; "
+        "`always` writes and fsyncs before each reply, which survives both, at about 5x fewer "
+        "writes/s; `off` keeps nothing (docs/deploy.md)")
 
     @field_validator("appendfsync", mode="before")
     @classmethod
