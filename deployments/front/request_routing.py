@@ -150,8 +150,8 @@ class RequestRouting:
             turn = next(self._rr[pool])
             choice = names[turn % len(names)]
             if self.cfg.routing.policy == "least_loaded":  # fewest in flight, ties in turn
-                mine, theirs = self.inflight[pool].get, state.inflight[pool].get  # as _loads counts them
-                choice = min(names, key=lambda n: (max(mine(n, 0), theirs(n, 0)), (names.index(n) - turn) % len(names)))
+                mine, theirs, k = self.inflight[pool].get, state.inflight[pool].get, len(names)  # as _loads counts
+                choice = names[min(range(k), key=lambda i: (max(mine(names[i], 0), theirs(names[i], 0)), (i - turn) % k))]
             return RoutingDecision(choice, "load", match.get(choice, 0))
         names, base = self._statics(pool, state.live)
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)

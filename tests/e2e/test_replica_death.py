@@ -155,10 +155,10 @@ async def _die_in_queue(stack, victim: str, messages: list[dict]):
 async def _seem_alive(stack, replica: str, entry: dict) -> None:
     """Writes `replica`'s registry `entry` back with a fresh time every half second, until
     cancelled: routing takes the dead replica for a live one."""
-    r = redis.Redis.from_url(stack.cfg["redis"]["url"])
-    while True:
-        r.hset(registry_key("decode"), replica, json.dumps({**entry, "ts": time.time()}))
-        await asyncio.sleep(0.5)
+    with redis.Redis.from_url(stack.cfg["redis"]["url"]) as r:
+        while True:
+            r.hset(registry_key("decode"), replica, json.dumps({**entry, "ts": time.time()}))
+            await asyncio.sleep(0.5)
 
 
 async def _die_mid_answers(stack, victim: str, plain: dict, stream: dict):
