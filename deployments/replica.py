@@ -77,6 +77,8 @@ class EngineReplica:
         self.servers: list = []
         self.metrics = None
         self.in_flight = 0
+        self.in_flight_alive = 0  # of those, the ones that arrived while the engine lived
+        self.died_at: float | None = None  # when `_watch_engine` saw the engine die (monotonic)
         self.signals = SignalMeter()
         self.batch_runner = None  # a front's Batch API runner
         self.tasks: list[asyncio.Future] = []
@@ -155,6 +157,7 @@ class EngineReplica:
         health check (`check_health`); until then its clients get answers, not 503s."""
         while not self.engine.errored():
             await asyncio.sleep(ENGINE_WATCH_S)
+        self.died_at = time.monotonic()
         logger.warning("replica %s: its engine died; out of the registry, its front forwards to the other "
                        "replicas until Serve replaces it", self.replica)
         await asyncio.to_thread(self.heartbeat.stop)
@@ -264,11 +267,14 @@ class EngineReplica:
             if scope["type"] != "http" or scope["path"] in ("/health", "/metrics", "/baton/metrics"):
                 return await app(scope, receive, send)
             self.signals.arrived(scope["path"], public)
+            alive = self.died_at is None
             self.in_flight += 1
+            self.in_flight_alive += alive
             try:
                 await app(scope, receive, send)
             finally:
                 self.in_flight -= 1
+                self.in_flight_alive -= alive
         return counted
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -279,11 +285,21 @@ class EngineReplica:
                                    batch=self.batch_runner.backlog if self.batch_runner is not None else None)
 
     async def check_health(self) -> None:
-        """Serve's health probe: raises if the engine or a server died."""
-        if self.engine.errored():
+        """Serve's health probe: raises if the engine or a server died. A dead engine's replica
+        stays up while requests it took before the death still run (`_relaying`)."""
+        if self.engine.errored() and not self._relaying():
             raise RuntimeError(f"engine of {self.role} replica {self.replica} is dead")
         if any(t.done() for t in self.tasks):
             raise RuntimeError(f"an HTTP server of {self.role} replica {self.replica} stopped")
+
+    def _relaying(self) -> bool:
+        """Whether requests that arrived while the engine lived still run, for at most the request
+        deadline after its death. Its front placed them again on other replicas and relays their
+        answers (pipeline/dispatch.py); stopping this process would cut those answers, which the
+        client then sees as errors (or HAProxy runs again from the start). Nothing new is routed
+        here meanwhile: the replica is out of the registry."""
+        died = self.died_at if self.died_at is not None else time.monotonic()
+        return self.in_flight_alive > 0 and time.monotonic() - died < self.cfg.serve.request_timeout_s
 
     def __del__(self):  # also runs when the constructor failed half-way
         if getattr(self, "heartbeat", None) is not None:
