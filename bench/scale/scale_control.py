@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from actors.sim.profile import GpuProfile, engine_rates
-from common.config import BatonConfig
+from common.config import BatonConfig, RedisConfig
 from common.processes import free_ports, redis_process
 from common.stats import latency_summary, percentile
 from routing.prefix import redis_state
@@ -352,17 +352,19 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
 
 
 def run(replicas: int = 64, sessions: int = 10_000, decisions: int = 20_000, seconds: float = 20.0,
-        progress: bool = True, parts: tuple[str, ...] = ("routing", "indexer"), busy: float = 0.7) -> dict:
-    """Both figures (see the module's docstring) against a redis-server of its own."""
+        progress: bool = True, parts: tuple[str, ...] = ("routing", "indexer"), busy: float = 0.7,
+        appendfsync: str = RedisConfig().appendfsync) -> dict:
+    """Both figures (see the module's docstring) against a redis-server of its own, which keeps its
+    writes as `baton up`'s does (redis.appendfsync)."""
     host, (port, events_port) = "127.0.0.1", free_ports(2)
     bs = GpuProfile.load().block_size
     cfg = _config(f"redis://{host}:{port}/0", events_port, replicas, bs)
     with tempfile.TemporaryDirectory(prefix="baton-scale-") as tmp:
-        server = redis_process(host, port, Path(tmp), Path(tmp) / "redis.log")
+        server = redis_process(host, port, Path(tmp), Path(tmp) / "redis.log", appendfsync)
         server.start()
         try:
             server.wait_ready(15)
-            out = {"block_size": bs}
+            out = {"block_size": bs, "appendfsync": appendfsync}
             if "routing" in parts:
                 out["routing"] = run_routing(cfg, replicas, sessions, decisions, progress)
                 _log(progress, f"routing: {json.dumps(out['routing'])}")
@@ -381,10 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the engines publish")
     ap.add_argument("--busy", type=float, default=0.7, help="share of each engine's time the chat load uses")
     ap.add_argument("--only", choices=("routing", "indexer"), help="one figure only")
+    ap.add_argument("--appendfsync", choices=("always", "everysec", "off"), default=RedisConfig().appendfsync,
+                    help="Redis's persistence (redis.appendfsync; default: `baton up`'s)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = ap.parse_args(argv)
     parts = (a.only,) if a.only else ("routing", "indexer")
-    res = run(a.replicas, a.sessions, a.decisions, a.seconds, progress=not a.quiet, parts=parts, busy=a.busy)
+    res = run(a.replicas, a.sessions, a.decisions, a.seconds, progress=not a.quiet, parts=parts, busy=a.busy,
+              appendfsync=a.appendfsync)
     print(json.dumps(res, indent=2))
     return 0
 

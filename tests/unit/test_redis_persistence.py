@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from deployments.batch.batch_store import BatchStore
 from tests.unit.conftest import restart_redis, start_redis
 
 WRITES = 2000
+KILLS = 6
 
 
 def _kill(server) -> None:
@@ -29,8 +31,8 @@ def _kill(server) -> None:
 
 @pytest.mark.parametrize("appendfsync", ["everysec", "always"])
 def test_every_acknowledged_write_survives_a_kill(tmp_path, appendfsync):
-    """Every write Redis acknowledged is there after SIGKILL and a restart: the append-only file is
-    written before the reply, so only a machine crash can lose `everysec`'s last second."""
+    """Every write Redis acknowledged is there after SIGKILL and a restart, on an idle disk: the
+    append-only file is written before the reply. On a busy disk `everysec` may not be (below)."""
     server, url = start_redis(tmp_path, appendfsync)
     client = redis.Redis.from_url(url)
     for i in range(WRITES):
@@ -44,6 +46,58 @@ def test_every_acknowledged_write_survives_a_kill(tmp_path, appendfsync):
         assert client.get("baton:resp:t:r1") == b"kept"
     finally:
         server.stop()
+
+
+def _loaded(url: str, timeout_s: float = 30) -> None:
+    """Until a restarted Redis has loaded its append-only file (it answers LOADING meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            return
+        except redis.BusyLoadingError:
+            assert time.monotonic() < deadline, "Redis still loading its file"
+            time.sleep(0.05)
+
+
+def test_always_keeps_every_acknowledged_write_through_kills_while_the_disk_is_busy(tmp_path):
+    """`always` (the default) never replies before its write is in the file. `everysec` holds
+    the write back, for up to 2 s, while a background fsync still runs (a busy disk, or just
+    after a rewrite), and replies anyway: with this test's disk load it lost 118 of 171k
+    acknowledged writes in 1 of 16 kills (docs/deploy.md), which is why it is not the default."""
+    server, url = start_redis(tmp_path, "always")
+    busy = threading.Event()
+
+    def load_the_disk() -> None:  # dirty pages on the same disk make each fsync slow
+        block, i = b"\0" * 2**20, 0
+        while not busy.is_set():
+            with open(tmp_path / f"load{i % 2}", "wb") as f:
+                for _ in range(32):
+                    f.write(block)
+            i += 1
+
+    loader = threading.Thread(target=load_the_disk, daemon=True)
+    loader.start()
+    lost = []
+    try:
+        for kill in range(KILLS):
+            client, acked = redis.Redis.from_url(url), 0
+            until = time.monotonic() + 0.5 + 0.25 * kill
+            while time.monotonic() < until:
+                client.set(f"baton:resp:{kill}:{acked}", "x" * 2000)
+                acked += 1
+            _kill(server)
+            restart_redis(server)
+            _loaded(url)
+            pipe = redis.Redis.from_url(url).pipeline(transaction=False)
+            for i in range(acked):
+                pipe.exists(f"baton:resp:{kill}:{i}")
+            lost.append(acked - sum(pipe.execute()))
+    finally:
+        busy.set()
+        loader.join(10)
+        server.stop()
+    assert lost == [0] * KILLS
 
 
 def test_churn_keeps_the_append_only_file_compact_and_a_restart_loads_what_is_live(tmp_path):
