@@ -53,7 +53,8 @@ class EventLoop:
         self.cfg = cfg
         self.redis = cfg.redis.client(socket_timeout=5)
         # Redis, every front's copy (index_feed.py), and this loop's own state after each flush.
-        self.writer = FeedWriter(RedisIndex(self.redis), then=self._save)
+        self.index = RedisIndex(self.redis)
+        self.writer = FeedWriter(self.index, then=self._save)
         self.timeout_s = r.replica_timeout_s
         self.block_size = cfg.model.block_size
         self.translator = EventTranslator(self.block_size, journal=[])
@@ -151,26 +152,55 @@ class EventLoop:
         persistence), else the replicas whose writes it may have missed while it was away.
 
         The epoch key lives as long as Redis's data: when it is gone, every
-        engine's stream is replayed from its first batch, or, where its
-        buffer no longer reaches back that far, the replica is forgotten. A
-        Redis that kept its data (redis.appendfsync) still missed the batches
-        applied while it was down: their replicas are rebuilt the same way.
+        engine's stream is replayed from its first batch, which gives the index
+        back with its parent links. A Redis that kept its data (redis.appendfsync)
+        still missed the batches applied while it was down, and an engine's
+        buffer rarely reaches back to batch 0: those replicas, and the store's
+        holdings, are rewritten from this indexer's own maps (`_rewrite`), which
+        saw every batch. Before that, a replica whose buffer fell short was forgotten.
         """
-        if self.redis.set(INDEX_EPOCH_KEY, str(time.time()), nx=True) and self.seqs.expected:
+        lost = bool(self.redis.set(INDEX_EPOCH_KEY, str(time.time()), nx=True) and self.seqs.expected)
+        if lost:
             self.redis_losses += 1
             self.unwritten = set(self.seqs.expected)
+        rewritten = False
         while self.unwritten:
             replica = next(iter(self.unwritten))
-            expected = self.seqs.expected.get(replica, 0)
+            batches = self._replayed(replica, 0, self.seqs.expected.get(replica, 0)) if lost else None
             self.writer.begin()
             try:
-                self._forget(replica)
-                self._fill(replica, 0, expected)
+                if batches is not None:  # the whole stream: the index as it was, parent links too
+                    self._forget(replica)
+                    self._apply_all(replica, batches)
+                else:
+                    self._rewrite(replica)
+                    rewritten = True
                 self.moved.add(replica)  # its saved position went with the data, or with the failed write
             finally:
                 self.writer.flush()
             self.unwritten.discard(replica)
             self.rewrites[replica] += 1
+        if rewritten:
+            self.writer.begin()
+            try:
+                self._rewrite(STORE_REPLICA)
+            finally:
+                self.writer.flush()
+
+    def _rewrite(self, holder: str) -> None:
+        """Makes the index's holdings of `holder` (a replica, or the store) what this indexer's
+        maps say, and journals that replica's map again (its journal went with the failed write).
+        Blocks the index lacked join without parent links (the maps keep none), so they raise no
+        fan-out. Called inside a batch: the index is read before anything is queued."""
+        held = self.translator.store_holdings() if holder == STORE_REPLICA else self.translator.holdings(holder)
+        self.writer.flush()  # what the batch holds so far is in Redis before the read
+        had = self.index.held(holder)
+        self.writer.begin()
+        self.writer.apply_removed(holder, sorted(had - held))
+        for h in sorted(held - had):
+            self.writer.apply_stored(holder, [h])
+        if holder != STORE_REPLICA:
+            self.translator.rejournal(holder)
 
     def _forget(self, replica: str) -> None:
         """Removes everything the index says `replica` holds, and the store holdings only it
@@ -213,15 +243,24 @@ class EventLoop:
 
     def _fill(self, replica: str, start: int, seq: int) -> None:
         """Applies batches start..seq-1 from the engine's buffer, or forgets the replica's holdings."""
-        endpoint = self._replay_endpoint(replica)
-        got = replay(self.ctx, endpoint, start) if endpoint else None
-        batches = dict(sorted((s, p) for s, p in got or [] if start <= s < seq))
-        if got is None or not replay_complete(start, seq, list(batches)):
+        batches = self._replayed(replica, start, seq)
+        if batches is None:
             # Lost for good: an index that misses blocks only under-predicts,
             # one that keeps removed blocks mis-routes.
             self._forget(replica)
             self.resyncs[replica] += 1
             return
+        self._apply_all(replica, batches)
+
+    def _replayed(self, replica: str, start: int, seq: int) -> dict[int, bytes] | None:
+        """Batches start..seq-1 from the engine's replay buffer, in order; None when it cannot
+        give all of them. Changes nothing."""
+        endpoint = self._replay_endpoint(replica)
+        got = replay(self.ctx, endpoint, start) if endpoint else None
+        batches = dict(sorted((s, p) for s, p in got or [] if start <= s < seq))
+        return batches if got is not None and replay_complete(start, seq, list(batches)) else None
+
+    def _apply_all(self, replica: str, batches: dict[int, bytes]) -> None:
         for payload in batches.values():
             self._apply(replica, payload)
         self.replayed[replica] += len(batches)

@@ -155,6 +155,23 @@ class EventTranslator:
             self._log(("store_del", gone))
         return out
 
+    def holdings(self, replica: str) -> set[int]:
+        """Baton hashes of every block `replica` announced and still holds; changes nothing."""
+        return {baton for baton, _ in self._maps.get(replica, {}).values()}
+
+    def store_holdings(self) -> set[int]:
+        """Baton hashes of every block the store holds; changes nothing."""
+        return {baton for baton, _ in self._store.values()}
+
+    def rejournal(self, replica: str) -> None:
+        """Journals `replica`'s whole map again (a clear, then every entry) and the store holdings
+        it vouches for, as they are now: for a journal lost with a write that failed."""
+        self._log(("clear", replica))
+        self._log(("set", replica, dict(self._maps.get(replica, {}))))
+        vouched = {h: (baton, sorted(by)) for h, (baton, by) in self._store.items() if replica in by}
+        if vouched:
+            self._log(("store_set", vouched))
+
     def removed(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
         """Baton hashes of removed blocks; forgets them for `replica`."""
         m = self._maps.get(replica, {})

@@ -164,6 +164,11 @@ class RedisIndex(KVIndex):
     def num_blocks(self, replica: str) -> int:
         return self.r.scard(_r(replica))
 
+    def held(self, replica: str) -> set[int]:
+        """The blocks the index says `replica` holds, read now (not through an open batch);
+        changes nothing."""
+        return {int(h) for h in self.r.smembers(_r(replica))}
+
     def replicas(self) -> list[str]:
         prefix = len(_r(""))
         names = (k.decode() if isinstance(k, bytes) else k for k in self.r.scan_iter(_r("*"), count=1000))
