@@ -17,13 +17,15 @@ and replaying batches the index already has changes nothing. A new indexer
 `load`s all of it and replays only its own outage.
 
 Keys (prefix `baton:`):
-- `idx:tr:{replica}` hash: engine hash (msgpack) -> [Baton hash, salt] (msgpack)
+- `idx:tr:{replica}` hash: engine hash (msgpack) -> [Baton hash, salt, Baton hash of its parent] (msgpack)
 - `idx:trs`          hash: engine hash (msgpack) -> [Baton hash, [replicas that saved it]]
 - `idx:seq`          hash: replica -> {"next": batch number, "replay": replay socket} (JSON)
 
 Their writes cost one command per event and one per drain on top of the
-index's. They live and die with the index: a Redis that lost its data lost
-these too, and the indexer then rebuilds as before.
+index's. They live and die with the index, outside the append-only file as it
+is (routing/prefix/redis_state.py `UNLOGGED`): a restarted Redis holds none
+of them, or the copy its last file rewrite took of them and of the index
+together, and the indexer then rewrites them with the index.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from routing.prefix.redis_state import P
 
 SEQ_KEY = f"{P}idx:seq"
 STORE_KEY = f"{P}idx:trs"
+CHUNK = 1000  # fields per command: a script's arguments are unpacked onto Lua's stack (8,000 at most)
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
@@ -52,31 +55,41 @@ class Saved:
     """What `load` found: per replica its next batch number, replay socket and map; the store's holdings."""
 
     seqs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
-    maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)
+    maps: dict[str, dict[Any, tuple]] = field(default_factory=dict)  # as EventTranslator.restore takes them
     store: dict[Any, tuple[int, list[str]]] = field(default_factory=dict)
 
 
-def queue(pipe, ops: list[Op], positions: dict[str, tuple[int, str | None] | None]) -> None:
+def queue(index, pipe, ops: list[Op], positions: dict[str, tuple[int, str | None] | None]) -> None:
     """Adds to `pipe` the writes of translator journal `ops`, then each replica's position in
-    `positions` (None: the replica is forgotten, its entry deleted). Changes nothing itself."""
+    `positions` (None: the replica is forgotten, its entry deleted), all unlogged as the index is
+    (`index`, a RedisIndex: routing/prefix/redis_state.py). Changes nothing itself."""
+    def hset(key: str, mapping: dict) -> None:
+        flat = [x for kv in mapping.items() for x in kv]
+        for i in range(0, len(flat), 2 * CHUNK):
+            index.unlogged(pipe, "HSET", key, *flat[i:i + 2 * CHUNK])
+
+    def hdel(key: str, fields: list) -> None:
+        for i in range(0, len(fields), CHUNK):
+            index.unlogged(pipe, "HDEL", key, *fields[i:i + CHUNK])
+
     for op in ops:
         kind = op[0]
         if kind == "set" and op[2]:
-            pipe.hset(map_key(op[1]), mapping={_enc.encode(h): _enc.encode(v) for h, v in op[2].items()})
+            hset(map_key(op[1]), {_enc.encode(h): _enc.encode(v) for h, v in op[2].items()})
         elif kind == "del" and op[2]:
-            pipe.hdel(map_key(op[1]), *[_enc.encode(h) for h in op[2]])
+            hdel(map_key(op[1]), [_enc.encode(h) for h in op[2]])
         elif kind == "clear":
-            pipe.delete(map_key(op[1]))
+            index.unlogged(pipe, "DEL", map_key(op[1]))
         elif kind == "store_set" and op[1]:
-            pipe.hset(STORE_KEY, mapping={_enc.encode(h): _enc.encode(v) for h, v in op[1].items()})
+            hset(STORE_KEY, {_enc.encode(h): _enc.encode(v) for h, v in op[1].items()})
         elif kind == "store_del" and op[1]:
-            pipe.hdel(STORE_KEY, *[_enc.encode(h) for h in op[1]])
+            hdel(STORE_KEY, [_enc.encode(h) for h in op[1]])
     gone = [r for r, pos in positions.items() if pos is None]
     if gone:
-        pipe.hdel(SEQ_KEY, *gone)
+        hdel(SEQ_KEY, gone)
     kept = {r: json.dumps({"next": pos[0], "replay": pos[1]}) for r, pos in positions.items() if pos is not None}
     if kept:
-        pipe.hset(SEQ_KEY, mapping=kept)
+        hset(SEQ_KEY, kept)
 
 
 def load(client) -> Saved:

@@ -71,7 +71,8 @@ class EventLoop:
         self.replayed: Counter = Counter()  # batches recovered from a replica's replay buffer
         self.resyncs: Counter = Counter()  # holdings forgotten: engine restarted, or a gap not recoverable
         self.evicted: Counter = Counter()  # blocks an engine reported removed
-        self.redis_losses = 0  # times Redis came back without the index
+        self.redis_losses = 0  # times Redis came back without the index, or restarted
+        self.redis_run: str | None = None  # Redis's run id: a new one means it restarted
         self.unwritten: set[str] = set()  # replicas with batches applied here whose writes Redis may lack
         self.rewrites: Counter = Counter()  # rebuilds of those, once Redis answered again
         self.endpoints: dict[str, str] = {}  # replica -> its engine's replay socket
@@ -101,7 +102,7 @@ class EventLoop:
         positions = {r: (self.seqs.expected[r], self.endpoints.get(r)) if r in self.seqs.expected else None
                      for r in self.moved}
         self.moved.clear()
-        indexer_state.queue(pipe, ops, positions)
+        indexer_state.queue(self.index, pipe, ops, positions)
 
     def _resume(self) -> None:
         """Takes over the state a previous indexer saved while Redis still holds its index: the
@@ -148,22 +149,29 @@ class EventLoop:
                     self.endpoints.pop(replica, None)
 
     def _check_redis(self) -> None:
-        """Rebuilds what Redis lost: the whole index when its data is gone (a restart without
-        persistence), else the replicas whose writes it may have missed while it was away.
+        """Rebuilds what Redis lost: the whole index when its data is gone, else the replicas
+        whose writes it may have missed while it was away, or all of them after a restart.
 
-        The epoch key lives as long as Redis's data: when it is gone, every
-        engine's stream is replayed from its first batch, which gives the index
-        back with its parent links. A Redis that kept its data (redis.appendfsync)
-        still missed the batches applied while it was down, and an engine's
-        buffer rarely reaches back to batch 0: those replicas, and the store's
-        holdings, are rewritten from this indexer's own maps (`_rewrite`), which
-        saw every batch. Before that, a replica whose buffer fell short was forgotten.
+        The index is kept out of Redis's append-only file (routing/prefix/redis_state.py
+        `UNLOGGED`), the epoch key with it: when the key is gone, every engine's
+        stream is replayed from its first batch, which gives the index back with its
+        parent links. A Redis that restarted with the key kept the copy its last
+        file rewrite took (a new run id tells the restart); one that was only
+        unreachable missed the batches applied meanwhile. An engine's buffer rarely
+        reaches back to batch 0: those replicas, and the store's holdings, are
+        rewritten from this indexer's own maps (`_rewrite`), which saw every batch,
+        and a stale copy's replicas this indexer no longer knows are forgotten.
         """
-        lost = bool(self.redis.set(INDEX_EPOCH_KEY, str(time.time()), nx=True) and self.seqs.expected)
-        if lost:
+        run_id = self.redis.info("server").get("run_id")
+        restarted = self.redis_run not in (None, run_id)  # noted once all is rebuilt, at the end
+        epoch = self.index.unlogged(None, "SET", INDEX_EPOCH_KEY, str(time.time()), "NX")
+        lost = bool(epoch and self.seqs.expected)
+        if lost or restarted:
             self.redis_losses += 1
             self.unwritten = set(self.seqs.expected)
-        rewritten = False
+        if restarted and not lost:
+            self._forget_stale()
+        rewritten = restarted  # the store's holdings too
         while self.unwritten:
             replica = next(iter(self.unwritten))
             batches = self._replayed(replica, 0, self.seqs.expected.get(replica, 0)) if lost else None
@@ -186,19 +194,31 @@ class EventLoop:
                 self._rewrite(STORE_REPLICA)
             finally:
                 self.writer.flush()
+        self.redis_run = run_id
+
+    def _forget_stale(self) -> None:
+        """Forgets the replicas a stale copy of the index (or of this loop's saved positions)
+        names that this indexer no longer tracks."""
+        saved = {k.decode() if isinstance(k, bytes) else k for k in self.redis.hkeys(indexer_state.SEQ_KEY)}
+        stale = (set(self.index.replicas()) | saved) - set(self.seqs.expected) - {STORE_REPLICA}
+        with self._batch():
+            for replica in sorted(stale):
+                self._forget(replica)
+                self.moved.add(replica)
 
     def _rewrite(self, holder: str) -> None:
         """Makes the index's holdings of `holder` (a replica, or the store) what this indexer's
         maps say, and journals that replica's map again (its journal went with the failed write).
-        Blocks the index lacked join without parent links (the maps keep none), so they raise no
-        fan-out. Called inside a batch: the index is read before anything is queued."""
+        Blocks the index lacked join with their parent links (the maps keep each block's parent),
+        so fan-out comes back too. Called inside a batch: the index is read before anything is queued."""
         held = self.translator.store_holdings() if holder == STORE_REPLICA else self.translator.holdings(holder)
         self.writer.flush()  # what the batch holds so far is in Redis before the read
         had = self.index.held(holder)
         self.writer.begin()
         self.writer.apply_removed(holder, sorted(had - held))
+        parents = {} if holder == STORE_REPLICA else self.translator.parents(holder)
         for h in sorted(held - had):
-            self.writer.apply_stored(holder, [h])
+            self.writer.apply_stored(holder, [h], parents.get(h))
         if holder != STORE_REPLICA:
             self.translator.rejournal(holder)
 
@@ -298,7 +318,9 @@ class EventLoop:
                 if time.monotonic() - last_sweep > SWEEP_S:
                     self._check_redis()
                     self._sweep()
-                    self.redis.hset(INDEXER_STATS_KEY, mapping=self.totals())
+                    # unlogged, as the index: no fsync stalls Redis for counters rewritten every second
+                    stats = [x for kv in self.totals().items() for x in kv]
+                    self.index.unlogged(None, "HSET", INDEXER_STATS_KEY, *stats)
                     last_sweep = time.monotonic()
                 if self.sock.poll(POLL_MS):
                     self._drain()

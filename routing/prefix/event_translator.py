@@ -49,7 +49,7 @@ def salt_of(extra_keys: Any) -> str | None:
     return None
 
 
-# A journal op: ("set", replica, {engine hash: (baton hash, salt)}), ("del", replica, [engine
+# A journal op: ("set", replica, {engine hash: (baton hash, salt, baton parent)}), ("del", replica, [engine
 # hashes]), ("clear", replica), ("store_set", {engine hash: (baton hash, [replicas])}) or
 # ("store_del", [engine hashes]).
 Op = tuple
@@ -60,8 +60,8 @@ class EventTranslator:
     block_size: int
     hash_fn: BlockHashFn = default_block_hash
     journal: list[Op] | None = None  # where changes are appended, if anywhere (module docstring)
-    # replica -> engine hash -> (baton hash, salt)
-    _maps: dict[str, dict[Any, tuple[int, str | None]]] = field(default_factory=dict)
+    # replica -> engine hash -> (baton hash, salt, the Baton hash of its parent or None)
+    _maps: dict[str, dict[Any, tuple[int, str | None, int | None]]] = field(default_factory=dict)
     # engine hash -> (baton hash, replicas that saved it into the store and audit it there)
     _store: dict[Any, tuple[int, set[str]]] = field(default_factory=dict)
 
@@ -69,9 +69,10 @@ class EventTranslator:
         if self.journal is not None:
             self.journal.append(op)
 
-    def restore(self, replica: str, entries: dict[Any, tuple[int, str | None]]) -> None:
-        """Sets `replica`'s map to `entries` (as a journal wrote them); journals nothing."""
-        self._maps[replica] = dict(entries)
+    def restore(self, replica: str, entries: dict[Any, tuple]) -> None:
+        """Sets `replica`'s map to `entries` (as a journal wrote them; a journal written before
+        parents were kept gives none); journals nothing."""
+        self._maps[replica] = {h: (v[0], v[1], v[2] if len(v) > 2 else None) for h, v in entries.items()}
 
     def restore_store(self, entries: dict[Any, tuple[int, Sequence[str]]]) -> None:
         """Sets the store holdings to `entries` (as a journal wrote them); journals nothing."""
@@ -93,12 +94,12 @@ class EventTranslator:
             return None
         if len(token_ids) < len(engine_hashes) * self.block_size:
             return None
-        baton_parent, salt = m[parent] if parent is not None else (None, None)
+        baton_parent, salt = m[parent][:2] if parent is not None else (None, None)
         if parent is None:
             salt = salt_of(extra_keys[0]) if extra_keys else None
         n = len(engine_hashes) * self.block_size
         out = hash_blocks(token_ids[:n], self.block_size, salt, baton_parent, self.hash_fn)
-        new = {eh: (h, salt) for eh, h in zip(engine_hashes, out)}
+        new = {eh: (h, salt, p) for eh, h, p in zip(engine_hashes, out, [baton_parent, *out[:-1]])}
         m.update(new)
         self._log(("set", replica, new))
         return Translated(out, baton_parent)
@@ -157,7 +158,12 @@ class EventTranslator:
 
     def holdings(self, replica: str) -> set[int]:
         """Baton hashes of every block `replica` announced and still holds; changes nothing."""
-        return {baton for baton, _ in self._maps.get(replica, {}).values()}
+        return {v[0] for v in self._maps.get(replica, {}).values()}
+
+    def parents(self, replica: str) -> dict[int, int | None]:
+        """Baton hash -> its parent's Baton hash (None: a prompt's first block, or not known) of
+        every block `replica` holds; changes nothing."""
+        return {v[0]: v[2] for v in self._maps.get(replica, {}).values()}
 
     def store_holdings(self) -> set[int]:
         """Baton hashes of every block the store holds; changes nothing."""

@@ -19,6 +19,15 @@ Keys (prefix `baton:`):
 The KV indexer is the only writer of `idx:*`; a front without its own copy of
 the index reads one request's slice (`queue_snapshot`, `snapshot_from`) in the
 same pipeline as the pins, and writes pins with `pin_key`.
+
+The index and the indexer's own state (`idx:*`, the epoch) are written without
+entering Redis's append-only file (`UNLOGGED`; Lua's `redis.set_repl`): they are
+most of Redis's writes (at 64 engines, ~30k blocks stored and ~25k removed a
+second), and with `redis.appendfsync: always` each of them waited for an fsync,
+where a lost index costs only its rebuild from the indexer's own maps. A
+restarted Redis therefore holds no index, or the stale one its last file
+rewrite copied; the indexer tells the restart by Redis's run id and rewrites
+the index (deployments/kv_index/kv_indexer.py `_check_redis`).
 """
 
 from __future__ import annotations
@@ -32,11 +41,24 @@ from routing.prefix.prefix_index import IndexSnapshot
 
 P = "baton:"
 INDEXER_STATS_KEY = f"{P}indexer:stats"  # hash: the KV indexer's totals (deployments/kv_index/kv_indexer.py)
-INDEX_EPOCH_KEY = f"{P}indexer:epoch"  # set while Redis holds the index; gone after Redis lost its data
+INDEX_EPOCH_KEY = f"{P}indexer:epoch"  # set while Redis holds an index; unlogged with it, so a restart drops it
 
+
+# The first lines of every script that writes the index: its writes stay out of the append-only
+# file (and replicas). Redis before 7 needs effects replication switched on for that.
+_NO_AOF = """
+if redis.replicate_commands then redis.replicate_commands() end
+redis.set_repl(redis.REPL_NONE)
+"""
+
+# One write of any command, not logged (module docstring): KEYS[1] the key, ARGV[1] the command,
+# ARGV[2..] its other arguments.
+UNLOGGED = _NO_AOF + """
+return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))
+"""
 
 # apply_removed's script: KEYS[1] the replica's block set, ARGV[1] the replica, ARGV[2..] block hashes.
-_REMOVE = """
+_REMOVE = _NO_AOF + """
 local replica = ARGV[1]
 for i = 2, #ARGV do
   local h = ARGV[i]
@@ -54,7 +76,7 @@ return 0
 # apply_stored's script: KEYS[1] the replica's block set, ARGV[1] the replica, ARGV[2] the parent
 # block ('' for none), ARGV[3..] the stored blocks in chain order. One call per event, not two
 # commands per block: the indexer's time went to packing and sending those commands.
-_STORE = """
+_STORE = _NO_AOF + """
 local replica, prev = ARGV[1], ARGV[2]
 for i = 3, #ARGV do
   local h = ARGV[i]
@@ -96,6 +118,13 @@ class RedisIndex(KVIndex):
         self._batch = None  # an open pipeline while the writer batches (`begin`/`flush`)
         self._remove = client.register_script(_REMOVE)
         self._store = client.register_script(_STORE)
+        self._unlogged = client.register_script(UNLOGGED)
+
+    def unlogged(self, pipe, command: str, key: str, *args):
+        """Runs (or queues, on a pipeline) `command key *args` on `pipe`, or on the client where
+        `pipe` is None, without logging it to the append-only file (module docstring); what the
+        command changes, it changes in Redis's memory only."""
+        return self._unlogged(keys=[key], args=[command, *args], client=pipe if pipe is not None else self.r)
 
     def begin(self) -> None:
         """Queues every later update in one pipeline until `flush`: the KV indexer applies all the
@@ -148,10 +177,7 @@ class RedisIndex(KVIndex):
             self.flush()
             self.begin()
         self.apply_removed(replica, [int(h) for h in self.r.smembers(_r(replica))])
-        if self._batch is not None:
-            self._batch.delete(_r(replica))  # after the removal, in the batch's order
-        else:
-            self.r.delete(_r(replica))
+        self.unlogged(self._batch, "DEL", _r(replica))  # in a batch: after the removal, in its order
 
     def snapshot(self, block_hashes: Sequence[int]) -> IndexSnapshot:
         pipe = self.r.pipeline(transaction=False)
