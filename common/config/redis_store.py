@@ -59,6 +59,10 @@ class RedisConfig(_Strict):
         from redis.backoff import NoBackoff
 
         cls = redis.asyncio.Redis if asynchronous else redis.Redis
+        if asynchronous:  # a URL's rediss:// or unix:// scheme picks its own connection class over this
+            from common.redis_retry import SafeConnection
+
+            kwargs.setdefault("connection_class", SafeConnection)
         if reconnect:
             retry_cls = redis.asyncio.retry.Retry if asynchronous else redis.retry.Retry
             kwargs.setdefault("retry", retry_cls(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))

@@ -278,3 +278,25 @@ def test_retried_gives_up_after_its_window():
     with pytest.raises(redis.ConnectionError):
         asyncio.run(retried(failing, 0.6))
     assert 0.3 < time.monotonic() - t0 < 1.5 and len(calls) >= 4
+
+
+def test_a_write_on_a_connection_closed_under_it_is_a_connection_error(redis_proc):
+    """Under uvloop (Ray Serve's loop), redis-py's asyncio client raised a bare RuntimeError on
+    a connection a restarting Redis had closed (a chaos run's Redis kill turned one routing read
+    into a 500). Baton's clients raise a ConnectionError, which callers retry or fall back on."""
+    import uvloop
+
+    _, url = redis_proc
+
+    async def run():
+        client = RedisConfig(url=url).client(asynchronous=True)
+        conn = await client.connection_pool.get_connection()
+        conn._writer.transport.close()  # as the dead Redis's end did
+        await asyncio.sleep(0.05)
+        with pytest.raises(redis.ConnectionError):
+            await conn.send_packed_command(b"*1\r\n$4\r\nPING\r\n", check_health=False)
+        await client.connection_pool.release(conn)
+        assert await client.ping()  # on a new connection
+        await client.aclose()
+
+    uvloop.run(run())
