@@ -34,7 +34,7 @@ from deployments.kv_index.kv_events import AllBlocksCleared, BlockRemoved, Block
 from deployments.kv_index.event_replay import replay
 from deployments.kv_index.index_feed import FeedWriter
 from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
-from routing.prefix.event_translator import EventTranslator
+from routing.prefix.event_translator import EventTranslator, chains
 from routing.prefix.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
@@ -149,51 +149,37 @@ class EventLoop:
                     self.endpoints.pop(replica, None)
 
     def _check_redis(self) -> None:
-        """Rebuilds what Redis lost: the whole index when its data is gone, else the replicas
-        whose writes it may have missed while it was away, or all of them after a restart.
+        """Rebuilds what Redis lost: every replica after a restart (the index gone, or the stale
+        copy its last file rewrite took), else the replicas whose writes it missed while away.
 
-        The index is kept out of Redis's append-only file (routing/prefix/redis_state.py
-        `UNLOGGED`), the epoch key with it: when the key is gone, every engine's
-        stream is replayed from its first batch, which gives the index back with its
-        parent links. A Redis that restarted with the key kept the copy its last
-        file rewrite took (a new run id tells the restart); one that was only
-        unreachable missed the batches applied meanwhile. An engine's buffer rarely
-        reaches back to batch 0: those replicas, and the store's holdings, are
-        rewritten from this indexer's own maps (`_rewrite`), which saw every batch,
-        and a stale copy's replicas this indexer no longer knows are forgotten.
+        The index, and its epoch key, stay out of Redis's append-only file
+        (routing/prefix/redis_state.py `UNLOGGED`): a restart drops the key, or
+        loads the copy, which Redis's new run id tells. Each replica, and the
+        store's holdings, are rewritten from this indexer's own maps (`_rewrite`),
+        which saw every batch and keep each block's parent: the index as it was,
+        links included, without replaying engines' buffers (which rarely reach
+        back to batch 0, and took seconds per replica to fetch at 16). Replicas
+        a stale copy names that this indexer no longer tracks are forgotten.
         """
         run_id = self.redis.info("server").get("run_id")
         restarted = self.redis_run not in (None, run_id)  # noted once all is rebuilt, at the end
         epoch = self.index.unlogged(None, "SET", INDEX_EPOCH_KEY, str(time.time()), "NX")
-        lost = bool(epoch and self.seqs.expected)
-        if lost or restarted:
+        if (epoch and self.seqs.expected) or restarted:
             self.redis_losses += 1
             self.unwritten = set(self.seqs.expected)
-        if restarted and not lost:
             self._forget_stale()
-        rewritten = restarted  # the store's holdings too
+            restarted = True
+        rewritten = restarted or bool(self.unwritten)
         while self.unwritten:
             replica = next(iter(self.unwritten))
-            batches = self._replayed(replica, 0, self.seqs.expected.get(replica, 0)) if lost else None
-            self.writer.begin()
-            try:
-                if batches is not None:  # the whole stream: the index as it was, parent links too
-                    self._forget(replica)
-                    self._apply_all(replica, batches)
-                else:
-                    self._rewrite(replica)
-                    rewritten = True
+            with self._batch():
+                self._rewrite(replica)
                 self.moved.add(replica)  # its saved position went with the data, or with the failed write
-            finally:
-                self.writer.flush()
             self.unwritten.discard(replica)
             self.rewrites[replica] += 1
         if rewritten:
-            self.writer.begin()
-            try:
+            with self._batch():
                 self._rewrite(STORE_REPLICA)
-            finally:
-                self.writer.flush()
         self.redis_run = run_id
 
     def _forget_stale(self) -> None:
@@ -217,8 +203,8 @@ class EventLoop:
         self.writer.begin()
         self.writer.apply_removed(holder, sorted(had - held))
         parents = {} if holder == STORE_REPLICA else self.translator.parents(holder)
-        for h in sorted(held - had):
-            self.writer.apply_stored(holder, [h], parents.get(h))
+        for parent, chain in chains(held - had, parents):
+            self.writer.apply_stored(holder, chain, parent)
         if holder != STORE_REPLICA:
             self.translator.rejournal(holder)
 

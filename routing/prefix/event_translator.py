@@ -190,3 +190,31 @@ class EventTranslator:
         """Forgets everything `replica` announced."""
         self._maps.pop(replica, None)
         self._log(("clear", replica))
+
+
+def chains(blocks: set[int], parents: dict[int, int | None]) -> list[tuple[int | None, list[int]]]:
+    """`blocks` as parent-linked chains, each (the parent of its first block, its blocks in
+    order), every block in exactly one: what `apply_stored` takes, in as few calls as the tree's
+    branches allow. A block whose parent is not in `blocks` (or unknown) starts a chain. Pure."""
+    children: dict[int, list[int]] = {}
+    for h in sorted(blocks):
+        p = parents.get(h)
+        if p in blocks and p != h:
+            children.setdefault(p, []).append(h)
+    out: list[tuple[int | None, list[int]]] = []
+    todo = [(parents.get(h), h) for h in sorted(blocks, reverse=True)
+            if parents.get(h) not in blocks or parents.get(h) == h]
+    seen: set[int] = set()
+    while todo:
+        parent, h = todo.pop()
+        chain: list[int] = []
+        while h is not None and h not in seen:
+            seen.add(h)
+            chain.append(h)
+            kids = [k for k in children.get(h, []) if k not in seen]
+            todo.extend((h, k) for k in reversed(kids[1:]))
+            h = kids[0] if kids else None
+        if chain:
+            out.append((parent, chain))
+    out.extend((parents.get(h), [h]) for h in sorted(blocks - seen))  # a cycle, which no engine makes
+    return out

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from routing.prefix.block_hash import hash_blocks
-from routing.prefix.event_translator import EventTranslator, salt_of
+from routing.prefix.event_translator import EventTranslator, chains, salt_of
 
 BS = 4
 TOKENS = list(range(100, 112))  # three full blocks
@@ -110,3 +112,20 @@ def test_the_journal_rebuilds_a_translator_that_translates_the_same():
     assert later.hashes == hash_blocks(TOKENS, BS, "tenant-a")[2:]
     assert resumed.store_removed(["e1"]) == t.store_removed(["e1"])
     assert resumed.replicas() == ["r1"]
+
+
+def test_chains_cover_a_tree_once_each_with_its_links():
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        parents = {h: (rng.choice([None, *range(1, h)]) if h > 1 else None) for h in range(1, n + 1)}
+        held = {h for h in parents if rng.random() < 0.7}
+        out = chains(held, parents)
+        flat = [h for _, chain in out for h in chain]
+        assert sorted(flat) == sorted(held)  # each block once
+        for parent, chain in out:  # every link is the block's own parent
+            assert [parent, *chain[:-1]] == [parents[h] for h in chain]
+    # a path is one call; a fork starts a second chain at the branch
+    assert chains({1, 2, 3}, {1: None, 2: 1, 3: 2}) == [(None, [1, 2, 3])]
+    assert chains({1, 2, 3}, {1: None, 2: 1, 3: 1}) == [(None, [1, 2]), (1, [3])]
+    assert chains({7}, {}) == [(None, [7])]
