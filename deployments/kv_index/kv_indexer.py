@@ -158,7 +158,8 @@ class EventLoop:
         store's holdings, are rewritten from this indexer's own maps (`_rewrite`),
         which saw every batch and keep each block's parent: the index as it was,
         links included, without replaying engines' buffers (which rarely reach
-        back to batch 0, and took seconds per replica to fetch at 16). Replicas
+        back to batch 0; while the indexer first fetched them, a 16-replica chaos
+        run's index was exact on fewer requests after each Redis kill). Replicas
         a stale copy names that this indexer no longer tracks are forgotten.
         """
         run_id = self.redis.info("server").get("run_id")
