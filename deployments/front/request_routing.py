@@ -32,7 +32,7 @@ from deployments.kv_index.index_feed import LocalIndex
 from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
 from routing.policy.policy import BatonPolicy, PolicyConfig
 from routing.policy.rates import mean_rate, median_rate
-from routing.prefix import redis_state
+from routing.prefix import redis_index, redis_state
 from routing.prefix.hash_memo import HashMemo
 from routing.prefix.snapshot import pins_view
 
@@ -95,7 +95,7 @@ class RequestRouting:
             return Reads(local, live, self._pins(pools, values), inflight, work=work)
         pipe = self.redis.pipeline(transaction=False)
         if local is None:
-            redis_state.queue_snapshot(pipe, hashes)
+            redis_index.queue_snapshot(pipe, hashes)
         inline = 0 if self.view.usable(now) else await self.view.queue(pipe, now)
         pools = list(POOLS) if session else []
         for pool in pools:
@@ -105,7 +105,7 @@ class RequestRouting:
         if inline:
             self.view.take(res[n:n + inline], now)
         live, inflight, work = self.view.get(self.redis, now)
-        snap = local if local is not None else redis_state.snapshot_from(hashes, res[:n])
+        snap = local if local is not None else redis_index.snapshot_from(hashes, res[:n])
         return Reads(snap, live, self._pins(pools, res[n + inline:]), inflight, work=work)
 
     @staticmethod

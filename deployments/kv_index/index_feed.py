@@ -24,7 +24,8 @@ import os
 import msgspec
 
 from routing.prefix.prefix_index import PrefixIndex
-from routing.prefix.redis_state import P, RedisIndex
+from routing.prefix.redis_index import RedisIndex
+from routing.prefix.redis_state import P
 
 CHANNEL = f"{P}idx:feed"
 _decode = msgspec.msgpack.Decoder()

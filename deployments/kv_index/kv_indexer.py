@@ -35,7 +35,8 @@ from deployments.kv_index.event_replay import replay
 from deployments.kv_index.index_feed import FeedWriter
 from routing.prefix.event_sequence import SequenceTracker, Step, replay_complete
 from routing.prefix.event_translator import EventTranslator, chains
-from routing.prefix.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, RedisIndex, Registry, registry_key
+from routing.prefix.redis_index import RedisIndex
+from routing.prefix.redis_state import INDEX_EPOCH_KEY, INDEXER_STATS_KEY, Registry, registry_key
 
 LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
@@ -153,7 +154,7 @@ class EventLoop:
         copy its last file rewrite took), else the replicas whose writes it missed while away.
 
         The index, and its epoch key, stay out of Redis's append-only file
-        (routing/prefix/redis_state.py `UNLOGGED`): a restart drops the key, or
+        (routing/prefix/redis_index.py `UNLOGGED`): a restart drops the key, or
         loads the copy, which Redis's new run id tells. Each replica, and the
         store's holdings, are rewritten from this indexer's own maps (`_rewrite`),
         which saw every batch and keep each block's parent: the index as it was,
@@ -164,6 +165,8 @@ class EventLoop:
         """
         run_id = self.redis.info("server").get("run_id")
         restarted = self.redis_run not in (None, run_id)  # noted once all is rebuilt, at the end
+        if restarted:
+            self.index.restarted()
         epoch = self.index.unlogged(None, "SET", INDEX_EPOCH_KEY, str(time.time()), "NX")
         if (epoch and self.seqs.expected) or restarted:
             self.redis_losses += 1

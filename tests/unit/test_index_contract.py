@@ -8,7 +8,7 @@ import redis
 from routing.prefix.block_hash import hash_blocks
 from routing.prefix.index_api import FANOUT_CAP, KVIndex
 from routing.prefix.prefix_index import PrefixIndex
-from routing.prefix.redis_state import RedisIndex
+from routing.prefix.redis_index import RedisIndex
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -12,7 +12,7 @@ import redis
 
 from deployments.kv_index.index_feed import CHANNEL, FeedWriter, LocalIndex
 from routing.prefix.prefix_index import PrefixIndex
-from routing.prefix.redis_state import RedisIndex
+from routing.prefix.redis_index import RedisIndex
 
 
 def _ops(rng: random.Random, n: int) -> list[tuple]:

@@ -13,8 +13,9 @@ import redis.asyncio
 from routing.policy.policy import BatonPolicy
 from routing.prefix.prefix_index import PrefixIndex
 from common.config import BatonConfig
-from routing.prefix import redis_state
-from routing.prefix.redis_state import RedisIndex, Registry
+from routing.prefix import redis_index, redis_state
+from routing.prefix.redis_index import RedisIndex
+from routing.prefix.redis_state import Registry
 from routing.prefix.snapshot import pins_view
 
 
@@ -49,8 +50,8 @@ def run(url: str, fn):
 async def snapshot(client, hashes):
     """One request's index slice, read the way the front reads it."""
     pipe = client.pipeline(transaction=False)
-    redis_state.queue_snapshot(pipe, hashes)
-    return redis_state.snapshot_from(hashes, await pipe.execute())
+    redis_index.queue_snapshot(pipe, hashes)
+    return redis_index.snapshot_from(hashes, await pipe.execute())
 
 
 def test_snapshot_matches_the_in_memory_index(clients):
@@ -120,9 +121,12 @@ def test_random_event_streams_leave_both_backends_answering_alike(clients):
             assert seen[0] == seen[1], (seed, op)
 
 
-def test_a_batched_writer_ends_where_the_event_by_event_one_does(clients):
-    """The KV indexer applies everything waiting on its socket in one pipeline (`begin`/`flush`):
-    the same seeded streams, batched in runs of up to 8 events, leave Redis as the in-memory index."""
+@pytest.mark.parametrize("max_args", [redis_index.MAX_ARGS, 5])
+def test_a_batched_writer_ends_where_the_event_by_event_one_does(clients, monkeypatch, max_args):
+    """The KV indexer applies everything waiting on its socket in one pipeline (`begin`/`flush`),
+    as one script call (or, past MAX_ARGS arguments, several): the same seeded streams, batched
+    in runs of up to 8 events, leave Redis as the in-memory index."""
+    monkeypatch.setattr(redis_index, "MAX_ARGS", max_args)
     sync, _ = clients
     for seed in range(20):
         sync.flushdb()
@@ -138,6 +142,25 @@ def test_a_batched_writer_ends_where_the_event_by_event_one_does(clients):
             assert writer.match(query) == ref.match(query), seed
             assert [writer.fanout(h) for h in range(20)] == [ref.fanout(h) for h in range(20)], seed
             assert [writer.num_blocks(r) for r in "abc"] == [ref.num_blocks(r) for r in "abc"], seed
+
+
+def test_a_batch_that_meets_redis_without_its_scripts_fails_once_then_loads_them(clients):
+    """A restarted Redis has no scripts: the batch's pipeline names them by SHA alone, so that
+    flush fails (the indexer rewrites what it missed) and the next one loads them first."""
+    sync, _ = clients
+    writer = RedisIndex(sync)
+    writer.begin()
+    writer.apply_stored("a", [1, 2], None)
+    writer.flush()
+    sync.script_flush()
+    writer.begin()
+    writer.apply_stored("a", [3], 2)
+    with pytest.raises(redis.exceptions.NoScriptError):
+        writer.flush()
+    writer.begin()
+    writer.apply_stored("a", [3], 2)
+    writer.flush()
+    assert writer.held("a") == {1, 2, 3} and writer.fanout(2) == 1
 
 
 def test_policy_runs_unchanged_on_a_snapshot(clients):
