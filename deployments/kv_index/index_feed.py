@@ -1,6 +1,6 @@
 """The KV index streamed to every front, so a routing decision reads no index from Redis.
 
-The KV indexer writes each drain of engine events to Redis (routing/prefix/redis_state.py
+The KV indexer writes each drain of engine events to Redis (routing/prefix/redis_index.py
 `RedisIndex`) and, in the same round trip, publishes the same updates on a Redis
 channel (`FeedWriter`). Each front keeps the index in its own memory
 (`LocalIndex`): it subscribes first, then loads the index Redis holds, then

@@ -21,12 +21,13 @@ Keys (prefix `baton:`):
 - `idx:trs`          hash: engine hash (msgpack) -> [Baton hash, [replicas that saved it]]
 - `idx:seq`          hash: replica -> {"next": batch number, "replay": replay socket} (JSON)
 
-Their writes cost, per flush, a command or two for each key touched
-(`coalesce`), on top of the index's: one per event before, which was 18% of
-the indexer's time at 64 engines. They live and die with the index, outside the append-only file as it
-is (routing/prefix/redis_index.py `UNLOGGED`): a restarted Redis holds none
-of them, or the copy its last file rewrite took of them and of the index
-together, and the indexer then rewrites them with the index.
+Their writes cost, per flush, at most three commands for each key touched
+(`coalesce`), on top of the index's: one command per event before, which was
+18% of the indexer's time at 64 engines. They live and die with the index,
+outside the append-only file as it is (routing/prefix/redis_index.py
+`UNLOGGED`): a restarted Redis holds none of them, or the copy its last file
+rewrite took of them and of the index together, and the indexer then
+rewrites them with the index.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def queue(index, pipe, ops: list[Op], positions: dict[str, tuple[int, str | None
     """Adds to `pipe` the writes of translator journal `ops`, coalesced to a few commands per key
     (`coalesce`), then each replica's position in `positions` (None: the replica is forgotten, its
     entry deleted), all unlogged as the index is (`index`, a RedisIndex:
-    routing/prefix/redis_state.py). Changes nothing itself."""
+    routing/prefix/redis_index.py). Changes nothing itself."""
     def hset(key: str, mapping: dict) -> None:
         flat = [x for kv in mapping.items() for x in kv]
         for i in range(0, len(flat), 2 * CHUNK):

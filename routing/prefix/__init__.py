@@ -2,6 +2,6 @@
 
 Block hashing and its memo, the KVIndex contract and its in-process and Redis
 implementations, one request's snapshot of shared state, session pins, and the
-translation and sequencing of vLLM's KV events. Pure except ``redis_state``,
-which drives an injected Redis client.
+translation and sequencing of vLLM's KV events. Pure except ``redis_state`` and
+``redis_index``, which drive an injected Redis client.
 """

@@ -2,7 +2,7 @@
 
 `PrefixIndex` (routing/prefix/prefix_index.py) keeps the index in this process: the
 router simulator, the benchmarks and `BatonRouter` use it. `RedisIndex`
-(routing/prefix/redis_state.py) keeps it in Redis, where the KV indexer writes it
+(routing/prefix/redis_index.py) keeps it in Redis, where the KV indexer writes it
 and every front reads it. tests/unit/test_index_contract.py runs the same
 tests against both.
 

@@ -16,7 +16,7 @@ O(prompt blocks + replicas holding the first block), independent of how many
 blocks the fleet holds.
 
 ``IndexSnapshot`` is a PrefixIndex holding only one prompt's blocks, as one
-round trip fetched them (routing/prefix/redis_state.py) or ``PrefixIndex.snapshot``
+round trip fetched them (routing/prefix/redis_index.py) or ``PrefixIndex.snapshot``
 copied them: what the policy reads for one decision.
 """
 
