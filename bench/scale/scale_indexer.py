@@ -81,7 +81,7 @@ def _publisher_main(spec: dict, start, probes, out) -> None:
     bs, step, names = spec["block_size"], spec["step_ms"] / 1000, spec["names"]
     pubs = [ZmqEventPublisher(0, endpoint=spec["endpoint"], replay_endpoint=spec["replay"][n], topic=n)
             for n in names]
-    rng, tokens = random.Random(11 + spec["part"]), random_tokens(random.Random(12), 4096)
+    rng, tokens = random.Random(11 + spec["index"][0]), random_tokens(random.Random(12), 4096)
     state = {n: {"chains": 0, "next": 1 + i * 10**12, "held": collections.deque()} for i, n in zip(spec["index"], names)}
     credit = {n: rng.random() for n in names}
     time.sleep(1.0)  # PUB->SUB connections settle
@@ -132,7 +132,7 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
     start = ctx.Barrier(parts)
     children = [ctx.Process(target=_prober_main, args=(cfg.redis.url, parts, probes, done), daemon=True)]
     for part in range(parts):
-        spec = {"names": names[part::parts], "index": list(range(engines))[part::parts], "part": part, "engines": engines,
+        spec = {"names": names[part::parts], "index": list(range(part, engines, parts)), "engines": engines,
                 "block_size": cfg.model.block_size, "step_ms": rates["step_ms"], "seconds": seconds,
                 "blocks_per_s": rates["blocks_per_s"], "replay": replay,
                 "endpoint": f"tcp://{cfg.routing.events_host}:{cfg.routing.events_port}"}

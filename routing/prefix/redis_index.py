@@ -231,9 +231,6 @@ class RedisIndex(KVIndex):
         return sorted(k[prefix:] for k in names)
 
 
-IndexWriter = RedisIndex  # the KV indexer's name for it
-
-
 def queue_snapshot(pipe, block_hashes: Sequence[int]) -> None:
     """Adds the reads of `snapshot_from` to a pipeline (2 commands per block)."""
     for h in block_hashes:
