@@ -98,11 +98,11 @@ def test_a_replica_dying_mid_answer_ends_its_stream_with_an_error_and_runs_its_p
       sends the whole answer at its end), so the front runs it again on its own engine, and
       greedy decoding gives the healthy answer (request migration)."""
     _wait_pool(stack, 2)  # the replica the tests above killed was replaced
-    longest = stack.cfg.get("model", {}).get("max_model_len", 2048) - 200  # to outlast the kill
-    plain = {**_body(prompts.make("death-plain", 30), longest), "stream": False, "ignore_eos": True}
+    plain = {**_body(prompts.make("death-plain", 30), _decode_tokens(stack, DECODE_S)), "stream": False,
+             "ignore_eos": True}
     healthy = httpx.post(f"{stack.url}/v1/chat/completions", json=plain, headers={SESSION: MID}, timeout=WAIT_S)
     victim = healthy.json()["baton"]["decode_replica"]
-    stream = {**_body(prompts.make("death-stream", 30), longest), "ignore_eos": True}
+    stream = {**_body(prompts.make("death-stream", 30), plain["max_tokens"]), "ignore_eos": True}
     status, events, answer, grew = asyncio.run(_die_mid_answers(stack, victim, plain, stream))
     assert grew == {"baton_admitted_total": 2, "baton_retries_total": 1}  # both through `front`, the plain one retried
     assert status == 200, events
@@ -192,6 +192,22 @@ async def _die_mid_answers(stack, victim: str, plain: dict, stream: dict):
 
 
 # -- helpers ------------------------------------------------------------------
+
+DECODE_S = 6.0  # how long the plain request of the second kill decodes alone: it must outlast the ~1 s to the kill
+
+
+def _decode_tokens(stack, seconds: float) -> int:
+    """The tokens one request decodes alone in about `seconds` on this stack (the difference of two
+    lengths leaves the prefill and the fixed costs out), within the model's context."""
+    took = {}
+    for n in (32, 96):
+        body = {**_body(prompts.make("death-rate", 30), n), "stream": False, "ignore_eos": True}
+        started = time.monotonic()
+        assert httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=WAIT_S).status_code == 200
+        took[n] = time.monotonic() - started
+    longest = stack.cfg.get("model", {}).get("max_model_len", 2048) - 200
+    return min(longest, max(256, int(seconds * 64 / max(took[96] - took[32], 0.01))))
+
 
 COUNTERS = ("baton_admitted_total", "baton_retries_total")
 
