@@ -42,6 +42,7 @@ LOCAL_MEDIA = (None, "GPU")
 POLL_MS = 200
 MAX_DRAIN = 512  # event batches applied per Redis round trip, at most
 SWEEP_S = 1.0
+AWAY_S = 0.1  # how often Redis is checked while it does not answer
 
 
 class EventLoop:
@@ -302,20 +303,28 @@ class EventLoop:
             self.applied[replica] += 1
 
     def _run(self) -> None:
-        last_sweep = 0.0
+        last_sweep, away = 0.0, False
         while not self._stop.is_set():
-            try:
-                if time.monotonic() - last_sweep > SWEEP_S:
+            # After a failed Redis call, Redis is checked (and what it lost rebuilt) every AWAY_S until it
+            # answers, not at the next sweep: a restarted Redis lacks the index (and the scripts a flush
+            # calls by SHA), and routing under-predicts until the rebuild. Events are still drained
+            # meanwhile, into this loop's maps (their replicas noted `unwritten`), so none waits in the
+            # socket past its high-water mark.
+            if away or time.monotonic() - last_sweep > SWEEP_S:
+                try:
                     self._check_redis()
                     self._sweep()
                     # unlogged, as the index: no fsync stalls Redis for counters rewritten every second
                     stats = [x for kv in self.totals().items() for x in kv]
                     self.index.unlogged(None, "HSET", INDEXER_STATS_KEY, *stats)
-                    last_sweep = time.monotonic()
-                if self.sock.poll(POLL_MS):
+                    last_sweep, away = time.monotonic(), False
+                except redis.RedisError:
+                    away = True
+            try:
+                if self.sock.poll(AWAY_S * 1000 if away else POLL_MS):
                     self._drain()
             except redis.RedisError:
-                time.sleep(0.5)  # Redis away: the batches it missed are rebuilt once it answers (_check_redis)
+                away = True
 
     def _drain(self) -> None:
         """Applies the batches waiting on the socket (up to MAX_DRAIN) with one Redis round trip;
