@@ -85,15 +85,21 @@ def coalesce(ops: list[Op]) -> dict[str, tuple[bool, dict, list]]:
     return out
 
 
+def unlogged_hset(index, pipe, key: str, mapping: dict) -> None:
+    """Adds to `pipe` (None: sends at once) HSETs of `mapping` into `key`, CHUNK fields each,
+    unlogged as the index is (`index`, a RedisIndex)."""
+    flat = [x for kv in mapping.items() for x in kv]
+    for i in range(0, len(flat), 2 * CHUNK):
+        index.unlogged(pipe, "HSET", key, *flat[i:i + 2 * CHUNK])
+
+
 def queue(index, pipe, ops: list[Op], positions: dict[str, tuple[int, str | None] | None]) -> None:
     """Adds to `pipe` the writes of translator journal `ops`, coalesced to a few commands per key
     (`coalesce`), then each replica's position in `positions` (None: the replica is forgotten, its
     entry deleted), all unlogged as the index is (`index`, a RedisIndex:
     routing/prefix/redis_index.py). Changes nothing itself."""
     def hset(key: str, mapping: dict) -> None:
-        flat = [x for kv in mapping.items() for x in kv]
-        for i in range(0, len(flat), 2 * CHUNK):
-            index.unlogged(pipe, "HSET", key, *flat[i:i + 2 * CHUNK])
+        unlogged_hset(index, pipe, key, mapping)
 
     def hdel(key: str, fields: list) -> None:
         for i in range(0, len(fields), CHUNK):

@@ -169,12 +169,12 @@ class EventLoop:
         if restarted:
             self.index.restarted()
         epoch = self.index.unlogged(None, "SET", INDEX_EPOCH_KEY, str(time.time()), "NX")
-        if (epoch and self.seqs.expected) or restarted:
+        lost = bool(epoch and self.seqs.expected) or restarted  # the whole index, or a stale copy of it
+        if lost:
             self.redis_losses += 1
             self.unwritten = set(self.seqs.expected)
             self._forget_stale()
-            restarted = True
-        rewritten = restarted or bool(self.unwritten)
+        rewritten = lost or bool(self.unwritten)
         while self.unwritten:
             replica = next(iter(self.unwritten))
             with self._batch():
@@ -315,8 +315,7 @@ class EventLoop:
                     self._check_redis()
                     self._sweep()
                     # unlogged, as the index: no fsync stalls Redis for counters rewritten every second
-                    stats = [x for kv in self.totals().items() for x in kv]
-                    self.index.unlogged(None, "HSET", INDEXER_STATS_KEY, *stats)
+                    indexer_state.unlogged_hset(self.index, None, INDEXER_STATS_KEY, self.totals())
                     last_sweep, away = time.monotonic(), False
                 except redis.RedisError:
                     away = True
