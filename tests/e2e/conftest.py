@@ -9,16 +9,11 @@ file order kept within each group:
 4. tests with stacks of their own (catalogue, sites, the scale bench, ...).
 Each shared stack starts with the first test that needs it and stops after the
 last (`pytest_runtest_teardown`), so a stack never starts beside another.
-
-`vllm serve`'s reference answers (`vllm_answers`) are taken in a thread from the end of
-collection, beside the first stack's start: one engine on one thread leaves a core that
-the stack's start, CPU-bound on imports, takes (about 70 s of the serial run on this VM).
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,12 +52,8 @@ def _group(item) -> int:
     return 4
 
 
-@pytest.hookimpl(trylast=True)  # after `-k`/`-m` deselected theirs
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_group)  # stable: file order within a group
-    if not config.option.collectonly and any("vllm_answers" in item.fixturenames for item in items):
-        workdir = config._tmp_path_factory.mktemp("vllm-serve")
-        _ANSWERS["future"] = ThreadPoolExecutor(1, thread_name_prefix="vllm-answers").submit(_take_answers, workdir)
 
 
 def _start_shared(workdir: Path) -> StackProcess:
@@ -112,6 +103,8 @@ def _stop_colocated(s: StackProcess) -> None:
     of `up` is left behind. A stopping replica lets its HTTP requests finish before it stops its
     engine (deployments/replica.py DRAIN_S; before, Serve's fixed 2 s wait was all they got, and
     this stream ended with finish_reason "abort")."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{s.url}/v1", api_key=KEY_A, max_retries=0, timeout=60)
@@ -146,7 +139,6 @@ def _stop_colocated(s: StackProcess) -> None:
 _KINDS = {"shared": (_needs_shared, _start_shared, _stop_shared),
           "colocated": (_needs_colocated, _start_colocated, _stop_colocated)}
 _RUNNING: dict[str, StackProcess] = {}
-_ANSWERS: dict = {}  # "future": vllm_answers being taken
 
 
 def _get(kind: str, tmp_path_factory) -> StackProcess:
@@ -189,14 +181,7 @@ def pytest_sessionfinish(session, exitstatus):
 def vllm_answers(tmp_path_factory):
     """What `vllm serve` answers on the stacks' model, taken once, its server stopped after:
     `agent`, each agent case's result (tests/e2e/agent_cases.py), and `tokens`, the greedy
-    tokens of each prompt case (tests/e2e/prompts.py), as {"mode/name": {"prompt_ids", "token_ids"}}.
-    Started at collection's end (pytest_collection_modifyitems); waits for it."""
-    future = _ANSWERS.get("future")
-    return future.result() if future else _take_answers(tmp_path_factory.mktemp("vllm-serve"))
-
-
-def _take_answers(workdir: Path) -> dict:
-    """Starts `vllm serve` in `workdir`, asks it every agent and prompt case, stops it; the answers."""
+    tokens of each prompt case (tests/e2e/prompts.py), as {"mode/name": {"prompt_ids", "token_ids"}}."""
     import httpx
     from openai import OpenAI
     from transformers import AutoTokenizer
@@ -206,6 +191,7 @@ def _take_answers(workdir: Path) -> dict:
     from tests.e2e import prompts
     from tests.e2e.agent_cases import CASES
 
+    workdir = tmp_path_factory.mktemp("vllm-serve")
     cfg = load_config(write_config(workdir))
     tok = AutoTokenizer.from_pretrained(str(cfg.model.resolved_path()))
     # one unbound thread, as the stacks' engines have on 2 cores, and a forked worker (a faster start)
