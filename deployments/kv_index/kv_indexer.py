@@ -324,6 +324,7 @@ class EventLoop:
                     self._drain()
             except redis.RedisError:
                 away = True
+                time.sleep(AWAY_S)  # a Redis that answers but fails every write is not retried in a tight loop
 
     def _drain(self) -> None:
         """Applies the batches waiting on the socket (up to MAX_DRAIN) with one Redis round trip;
