@@ -17,19 +17,27 @@ process's own, on another core, not after them. Two uses:
   `serving_priority` lifts them once they serve.
 - a replica's own CPU engine (`cold=False`, deployments/replica.py): the engine
   core keeps the replica's priority, and its worker is forked or spawned as
-  Baton's vLLM plugin says (actors/vllm_plugin.py FORK_ENV). What it saves is
-  the wall time of one vLLM import where a core is free (a replica started
-  alone, or replacing one that died).
+  Baton's vLLM plugin says (actors/vllm_plugin.py FORK_ENV). Here the standby
+  is not a fresh Python that imports vLLM again (about 18 s of CPU, the
+  largest share of a replica's start): the replica imports vLLM's engine
+  first and then forks it (`_fork_standby`), so the standby starts with
+  everything the replica imported, and the engine core forked from it too.
 
 Forking is safe here because the forkserver runs no OpenMP region before it
 forks: the hazard that makes vLLM spawn CPU workers (libgomp is not
 fork-safe once its thread pool ran) does not arise in a process that has only
-imported modules.
+imported modules. A replica's standby is forked from the replica before its
+engine exists, so the replica has only imported modules too. It is forked
+from a process with threads (Ray's, the replica's loops), of which the
+standby keeps only the forking one; it never calls into Ray, and it and its
+forks leave by `os._exit`, so none of Ray's exit handlers runs outside the
+replica.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from multiprocessing.context import ForkServerContext, ForkServerProcess
 
 PRELOAD = ["actors.standby_preload"]
@@ -65,6 +73,8 @@ def use_standby(cold: bool = True):
     `cold`: the engines are cold models' (niced, their worker forked); else a replica's own engine.
     The first call decides for the process. Changes process-wide state: this process's environment
     (MODE_ENV, which the standby inherits) and vLLM's engine launcher's multiprocessing context.
+    A cold standby is a fresh Python that imports from now on, beside this process; a replica's
+    (`cold=False`) is forked from this process now, so call it once vLLM's engine is imported.
     Idempotent; returns the context."""
     global _context
     if _context is None:
@@ -73,13 +83,67 @@ def use_standby(cold: bool = True):
         os.environ[MODE_ENV] = "cold" if cold else "primary"
         ctx = _StandbyContext()
         ctx.set_forkserver_preload(PRELOAD)
-        forkserver.ensure_running()  # the standby imports from now on, beside this process
+        if cold:
+            forkserver.ensure_running()
+        else:
+            _fork_standby(forkserver._forkserver, PRELOAD)
 
         import vllm.v1.engine.utils as launcher
 
         launcher.get_mp_context = lambda: ctx
         _context = ctx
     return _context
+
+
+def _fork_standby(server, preload: list[str]) -> None:
+    """Starts `server` (multiprocessing's forkserver) as a fork of this process instead of a fresh
+    Python: the same socket protocol as `ForkServer.ensure_running`, so the context's processes
+    start through it unchanged. Changes `server`'s address, alive pipe and pid. Should the standby
+    die, the next start spawns a fresh one (`ensure_running`), slower but the same."""
+    from multiprocessing import connection, forkserver, resource_tracker
+
+    with server._lock:
+        resource_tracker.ensure_running()  # its fd is passed to every process, as ensure_running does
+        if server._forkserver_pid is not None:
+            return
+        address = connection.arbitrary_address("AF_UNIX")
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(address)
+            os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the standby: serves forks until its parent is gone, never returns
+                code = 1
+                try:
+                    os.close(alive_w)
+                    _retitle_through_ray()
+                    forkserver.main(listener.fileno(), alive_r, preload)
+                    code = 0
+                except SystemExit as exc:  # the parent's pipe closed, or a signal's handler exited
+                    code = exc.code if isinstance(exc.code, int) else 0
+                finally:
+                    os._exit(code)  # no exit handlers: Ray's would run in a copy of the replica
+            os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+
+
+def _retitle_through_ray() -> None:
+    """Titles this fork of a Ray worker "BATON::Standby", and has its forks retitle themselves
+    through Ray's setproctitle: once Ray retitled a process, the `setproctitle` package cannot, so
+    its forks would keep the replica's title instead of vLLM's ("VLLM::EngineCore"), which tests,
+    benches and `ps` find engines by. Changes this process's title and `setproctitle.setproctitle`."""
+    import sys
+
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is None:  # not a Ray worker: the package retitles as it should
+        return
+    import setproctitle
+
+    setproctitle.setproctitle = raylet.setproctitle
+    raylet.setproctitle("BATON::Standby")
 
 
 def serving_priority(pids: list[int], below: int = 0) -> None:
