@@ -6,10 +6,11 @@ the CPU platform spawns the worker, which imports them again. Sleep mode does
 nothing on CPU, so waking a cold model means starting an engine.
 
 `use_standby()` makes every later engine start of this process fork its
-engine core from a forkserver that preloaded `actors.standby_preload` (vLLM's
-engine core, CPU worker and model modules). The forkserver is started at once,
-before this process imports vLLM itself, so its imports run beside this
-process's own, on another core, not after them. Two uses:
+engine core from a standby: a forkserver forked from this process once it has
+imported vLLM's engine (`_fork_standby`), which then imports what else an
+engine core and its worker need (`actors.standby_preload`). The standby is
+not a fresh Python that imports torch and vLLM again: that was about 18 s of
+CPU, the largest share of a CPU replica's start. Two uses:
 - cold models of a catalogue (`cold=True`): the standby also makes the engine
   core fork its worker instead of spawning it, so both forks start with
   everything imported and what is left of a wake is loading the weights and
@@ -17,21 +18,16 @@ process's own, on another core, not after them. Two uses:
   `serving_priority` lifts them once they serve.
 - a replica's own CPU engine (`cold=False`, deployments/replica.py): the engine
   core keeps the replica's priority, and its worker is forked or spawned as
-  Baton's vLLM plugin says (actors/vllm_plugin.py FORK_ENV). Here the standby
-  is not a fresh Python that imports vLLM again (about 18 s of CPU, the
-  largest share of a replica's start): the replica imports vLLM's engine
-  first and then forks it (`_fork_standby`), so the standby starts with
-  everything the replica imported, and the engine core forked from it too.
+  Baton's vLLM plugin says (actors/vllm_plugin.py FORK_ENV).
 
-Forking is safe here because the forkserver runs no OpenMP region before it
+Forking is safe here because the standby runs no OpenMP region before it
 forks: the hazard that makes vLLM spawn CPU workers (libgomp is not
 fork-safe once its thread pool ran) does not arise in a process that has only
-imported modules. A replica's standby is forked from the replica before its
-engine exists, so the replica has only imported modules too. It is forked
-from a process with threads (Ray's, the replica's loops), of which the
-standby keeps only the forking one; it never calls into Ray, and it and its
-forks leave by `os._exit`, so none of Ray's exit handlers runs outside the
-replica.
+imported modules, and the standby is forked before this process has an
+engine. It is forked from a process with threads (Ray's, the replica's
+loops), of which it keeps only the forking one; it never calls into Ray, and
+it and its forks leave by `os._exit`, so none of Ray's exit handlers runs
+outside the replica.
 """
 
 from __future__ import annotations
@@ -71,24 +67,22 @@ def use_standby(cold: bool = True):
     """Routes this process's vLLM engine-core starts through the standby forkserver, starting it now.
 
     `cold`: the engines are cold models' (niced, their worker forked); else a replica's own engine.
-    The first call decides for the process. Changes process-wide state: this process's environment
-    (MODE_ENV, which the standby inherits) and vLLM's engine launcher's multiprocessing context.
-    A cold standby is a fresh Python that imports from now on, beside this process; a replica's
-    (`cold=False`) is forked from this process now, so call it once vLLM's engine is imported.
-    Idempotent; returns the context."""
+    The first call decides for the process: it imports vLLM's AsyncLLM here (what this process
+    runs its engines with) and forks the standby from this process; call it before this process
+    starts an engine. Changes process-wide state: this process's environment (MODE_ENV, which the
+    standby inherits) and vLLM's engine launcher's multiprocessing context. Idempotent; returns
+    the context."""
     global _context
     if _context is None:
         from multiprocessing import forkserver
 
+        import vllm.v1.engine.async_llm  # noqa: F401 - what the standby starts with
+        import vllm.v1.engine.utils as launcher
+
         os.environ[MODE_ENV] = "cold" if cold else "primary"
         ctx = _StandbyContext()
         ctx.set_forkserver_preload(PRELOAD)
-        if cold:
-            forkserver.ensure_running()
-        else:
-            _fork_standby(forkserver._forkserver, PRELOAD)
-
-        import vllm.v1.engine.utils as launcher
+        _fork_standby(forkserver._forkserver, PRELOAD)
 
         launcher.get_mp_context = lambda: ctx
         _context = ctx

@@ -114,10 +114,9 @@ class EngineReplica:
             self.engine = ModelHost(self.cfg, self.replica, _internal_host(self.cfg.serve.internal_host))
         else:
             if not getattr(self.cfg, self.pool).resources.num_gpus:
-                import vllm.v1.engine.async_llm  # noqa: F401 - what the standby forked below starts with
                 from actors.fast_start import use_standby
 
-                use_standby(cold=False)  # the engine core then forks with vLLM imported, not importing it again
+                use_standby(cold=False)  # the engine core forks with vLLM imported, not importing it again
             self.engine = EngineApp(self.cfg, self.role, self.replica, _internal_host(self.cfg.serve.internal_host))
         await self.engine.start()
         # The front, Ray's threads and the EngineCore off the cores vLLM bound its worker to (not
