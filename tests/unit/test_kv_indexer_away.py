@@ -13,7 +13,7 @@ from common.processes import free_ports
 from deployments.kv_index.kv_indexer import EventLoop
 from routing.prefix.redis_state import Registry
 from tests.unit.conftest import restart_redis, start_redis
-from tests.unit.test_kv_indexer_replay import BLOCK, _kill, _until_answered
+from tests.unit.test_kv_indexer_replay import BLOCK, _batch, _kill, _until_answered
 
 
 def test_a_running_indexer_rebuilds_a_restarted_redis_before_its_next_sweep(tmp_path, monkeypatch):
@@ -22,8 +22,6 @@ def test_a_running_indexer_rebuilds_a_restarted_redis_before_its_next_sweep(tmp_
     due for 30 s, and the index is back within seconds of the restart (it waited for the sweep
     before, and routing under-predicted meanwhile)."""
     import zmq
-    from vllm.distributed.kv_events import BlockStored, KVEventBatch
-
     from deployments.kv_index import kv_indexer
 
     monkeypatch.setattr(kv_indexer, "SWEEP_S", 30.0)
@@ -39,9 +37,7 @@ def test_a_running_indexer_rebuilds_a_restarted_redis_before_its_next_sweep(tmp_
     enc = msgspec.msgpack.Encoder()
 
     def send(seq: int) -> None:
-        feed.send_multipart([b"r1", seq.to_bytes(8, "big"), enc.encode(KVEventBatch(ts=time.time(), events=[
-            BlockStored(block_hashes=[1000 + seq], parent_block_hash=(999 + seq) if seq else None,
-                        token_ids=[seq, seq], block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None)]))])
+        feed.send_multipart([b"r1", seq.to_bytes(8, "big"), enc.encode(_batch(seq))])
 
     def indexed() -> int:
         return client.scard("baton:idx:r:r1")

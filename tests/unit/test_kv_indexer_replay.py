@@ -56,15 +56,20 @@ def rig(redis_url):
         yield r
 
 
-def _batches(pub, n: int) -> list[bytes]:
-    """Publishes n batches of one stored block each (chained), returns their payloads."""
+def _batch(i: int):
+    """Batch `i` of a chain: block 1000 + i stored, its parent the block of batch i - 1."""
     from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
+    return KVEventBatch(ts=time.time(), events=[BlockStored(
+        block_hashes=[1000 + i], parent_block_hash=(1000 + i - 1) if i else None,
+        token_ids=[i, i], block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None)])
+
+
+def _batches(pub, n: int) -> list[bytes]:
+    """Publishes n batches of one stored block each (chained), returns their payloads."""
     enc, out = msgspec.msgpack.Encoder(), []
     for i in range(n):
-        batch = KVEventBatch(ts=time.time(), events=[BlockStored(
-            block_hashes=[1000 + i], parent_block_hash=(1000 + i - 1) if i else None,
-            token_ids=[i, i], block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None)])
+        batch = _batch(i)
         pub.publish(batch)
         out.append(enc.encode(batch))
     deadline = time.monotonic() + 10
