@@ -59,15 +59,8 @@ def rig_config(workdir: Path, kv_cache_gb: float, model: Path | None = None, **m
 
 
 def start_engine(cfg: BatonConfig, role: str):
-    """An AsyncLLM for `role` with Baton's connector and the KV probe (MOONCAKE_CONFIG_PATH must be set).
-    A CPU engine's core forks from this process's standby (actors/fast_start.py; started at the
-    first call, so call it before this process runs any OpenMP work), not importing vLLM again."""
+    """An AsyncLLM for `role` with Baton's connector and the KV probe (MOONCAKE_CONFIG_PATH must be set)."""
     from vllm.v1.engine.async_llm import AsyncLLM
-
-    if not getattr(cfg, role).resources.num_gpus:
-        from actors.fast_start import use_standby
-
-        use_standby(cold=False)
 
     args = engine_args.build(cfg, role)
     args.worker_extension_cls = "actors.kv_probe.KVProbeExtension"
