@@ -27,10 +27,10 @@ imported modules, and the standby is forked before this process has an
 engine. Nor has it started native libraries whose state a fork copies
 half-held: a test process that had run Mooncake's transfer engine in-process
 forked a standby whose engine worker then hung setting up Mooncake (CI
-run63), so a process that has run either must not call `use_standby`. It is forked from a process with threads (Ray's, the replica's
-loops), of which it keeps only the forking one; it never calls into Ray, and
-it and its forks leave by `os._exit`, so none of Ray's exit handlers runs
-outside the replica.
+run63), so a process that has run either must not call `use_standby`. It is
+forked from a process with threads (Ray's, the replica's loops), of which it
+keeps only the forking one; it never calls into Ray, and it and its forks
+leave by `os._exit`, so none of Ray's exit handlers runs outside the replica.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def use_standby(cold: bool = True):
     `cold`: the engines are cold models' (niced, their worker forked); else a replica's own engine.
     The first call decides for the process: it imports vLLM's AsyncLLM here (what this process
     runs its engines with) and forks the standby from this process; call it before this process
-    starts an engine or runs OpenMP or Mooncake (see the module's docstring). Changes process-wide state: this process's environment (MODE_ENV, which the
-    standby inherits) and vLLM's engine launcher's multiprocessing context. Idempotent; returns
-    the context."""
+    starts an engine or runs OpenMP or Mooncake (see the module's docstring). Changes process-wide
+    state: this process's environment (MODE_ENV, which the standby inherits) and vLLM's engine
+    launcher's multiprocessing context. Idempotent; returns the context."""
     global _context
     if _context is None:
         from multiprocessing import forkserver
