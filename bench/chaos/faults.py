@@ -9,8 +9,8 @@ a crash would:
   replica leaves the registry at once and its front forwards to the others
   (deployments/replica.py `_watch_engine`) until Serve replaces it at its health
   check; back as `decode` is;
-- `indexer`: the KV indexer's actor (`ray.kill`, Ray's SIGKILL of an actor);
-  Serve starts another, back when one is alive;
+- `indexer`: the KV indexer's process (the one on the events port); Serve starts
+  another, back when a new process listens there;
 - `redis`, `mooncake-master`, `mooncake-store`, and `ingress` (the first of
   HAProxy's processes, where `serve.ingress` runs it): the process `baton up` started; its supervision
   starts another, back when state.json names a new PID (HAProxy's accepting
@@ -43,17 +43,6 @@ REPLICA_FAULTS = (*POOL_FAULTS, ENGINE)  # what Serve replaces
 FAULTS = (*REPLICA_FAULTS, "indexer", *CHILD_FAULTS)
 FREEZES = tuple(f"{name}:freeze" for name in (*POOL_FAULTS, "indexer", *CHILD_FAULTS))
 
-_INDEXER = """
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-         if a["name"].startswith("SERVE_REPLICA::baton#kv_indexer#")]
-for name in names[:1] if sys.argv[2] == "kill" else []:
-    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-print("INDEXERS " + ",".join(names))
-"""
-
-
 def _live(stack: StackProcess, pool: str) -> list[str]:
     timeout = stack.cfg["routing"].get("replica_timeout_s", 5)
     try:
@@ -72,9 +61,14 @@ def _children(stack: StackProcess) -> dict[str, int]:
     return stack.state()["children"]
 
 
-def _indexers(stack: StackProcess, action: str = "list") -> list[str]:
-    line = next(x for x in stack.driver(_INDEXER, action).splitlines() if x.startswith("INDEXERS "))
-    return [n for n in line.split(" ", 1)[1].split(",") if n]
+def _indexer_pid(stack: StackProcess) -> int | None:
+    """The KV indexer's process: the one listening on the events port, which it binds as it starts
+    (a poll of the sockets, not a Ray driver's seconds of CPU per poll)."""
+    import psutil
+
+    port = int(stack.cfg["routing"]["events_port"])
+    return next((c.pid for c in psutil.net_connections("tcp") if c.pid and c.status == psutil.CONN_LISTEN
+                 and c.laddr.port == port), None)
 
 
 def _accepts(url: str) -> bool:
@@ -147,9 +141,12 @@ class Fault:
                 processes = processes[1:]
             s.crash(processes)
             return victim
-        if c == "indexer":
-            self.before = _indexers(s, "kill")
-            return self.before[0] if self.before else "none"
+        if c == "indexer":  # as a crash would: Serve sees its replica die and starts another
+            self.before = _indexer_pid(s)
+            if self.before is None:
+                return "none"
+            os.kill(self.before, signal.SIGKILL)
+            return f"kv_indexer pid {self.before}"
         name = _child_name(s, c)
         self.before = _children(s)[name]
         os.kill(self.before, signal.SIGKILL)
@@ -164,11 +161,9 @@ class Fault:
             victim = _live(s, c)[0]
             root = s.replica_processes(c, victim)[0]
             self.before = victim
-        elif c == "indexer":  # its process binds the events port
-            port = int(s.cfg["routing"]["events_port"])
+        elif c == "indexer":
             victim = self.before = "kv_indexer"
-            root = psutil.Process(next(c.pid for c in psutil.net_connections("tcp") if c.pid
-                                       and c.status == psutil.CONN_LISTEN and c.laddr.port == port))
+            root = psutil.Process(_indexer_pid(s))
         else:
             victim = _child_name(s, c)
             root = psutil.Process(_children(s)[victim])
@@ -198,14 +193,14 @@ class Fault:
                 if c in POOL_FAULTS:
                     return self.before in _live(s, c)
                 if c == "indexer":
-                    return bool(_indexers(s))
+                    return _indexer_pid(s) is not None
                 return _answers(s, c)
             if c in REPLICA_FAULTS:
                 live = _live(s, _pool(c))
                 return len(live) >= len(self.before) and live != self.before
             if c == "indexer":
-                now = _indexers(s)
-                return bool(now) and now != self.before
+                now = _indexer_pid(s)
+                return now is not None and now != self.before
             name = _child_name(s, c)
             pid = _children(s)[name]
             return pid != self.before and _answers(s, c)
