@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -47,6 +48,7 @@ class LocalStack:
         self.ray_started = False
         self._restarted: dict[str, float] = {}
         self._loopback_env: dict[str, str] = {}
+        self._starting: list[ManagedProcess] = []  # Mooncake's, while they start beside Ray's head
         cfg.serve.ingress = ingress.resolve(cfg.serve.ingress, on_cluster=bool(cfg.ray.address))
 
     # -- steps ------------------------------------------------------------------
@@ -71,12 +73,16 @@ class LocalStack:
         public = () if is_loopback(s.host) else (s.port,)
         self._loopback_env = loopback.env(public)
 
-    def _mooncake(self) -> Path:
+    def _mooncake(self, environ: dict[str, str]) -> None:
+        """Starts the Mooncake master, then the store once the master listens, each with `environ`
+        (a copy: this runs beside Ray's head, which sets variables of its own) and listed in
+        `self._starting` as soon as it runs. About 1.4 s of waiting on their ports, not of CPU."""
         for proc in (mooncake.master_process(self.cfg.mooncake, self.log_dir),
                      mooncake.store_process(self.cfg.mooncake, self.log_dir)):
             proc.env.update(self._loopback_env)
-            self._spawn(proc)
-        return mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")
+            proc.start(environ)
+            self._starting.append(proc)
+            proc.wait_ready(timeout=30)
 
     def _ingress(self) -> None:
         """With `serve.ingress` haproxy: HAProxy on the public port, the replicas' fronts behind it on a
@@ -171,12 +177,19 @@ class LocalStack:
             with p.step("redis"):
                 if self.cfg.redis.start_local:
                     self._redis()
+            with ThreadPoolExecutor(1, thread_name_prefix="baton-mooncake") as pool:
+                mooncake_up = pool.submit(self._mooncake, dict(os.environ))
+                try:
+                    with p.step(f"ingress ({self.cfg.serve.ingress})"):
+                        self._ingress()
+                    with p.step("ray head (the mooncake master and store start beside it)"):
+                        self._ray()
+                finally:
+                    wait([mooncake_up])  # what it started is stopped by down() too
+                    self.children += self._starting
             with p.step("mooncake master and store"):
-                worker_cfg = self._mooncake()
-            with p.step(f"ingress ({self.cfg.serve.ingress})"):
-                self._ingress()
-            with p.step("ray head"):
-                self._ray()
+                mooncake_up.result()
+                worker_cfg = mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")
             with p.step("serve app (prefill and decode engines)"):
                 self._serve(worker_cfg)
             with p.step("ready check"):

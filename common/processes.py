@@ -114,7 +114,7 @@ class ManagedProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self) -> None:
+    def start(self, environ: dict[str, str] | None = None) -> None:
         """Spawns the child in a process group of its own, with stdout/stderr to its log.
 
         Not in a session of its own: with the kernel's autogroup scheduling
@@ -123,10 +123,11 @@ class ManagedProcess:
         launcher's group runs the engines waited 4 to 20 s for a CPU on a
         2-core VM (docs/architecture.md). In the launcher's session it competes
         per thread and runs within a time slice. A group of its own still
-        keeps a terminal's Ctrl-C (sent to the foreground group) away from it."""
+        keeps a terminal's Ctrl-C (sent to the foreground group) away from it.
+        Its environment: `environ` (os.environ by default) and `self.env` over it."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        env = {**os.environ, **self.env}
+        env = {**(os.environ if environ is None else environ), **self.env}
         self.proc = subprocess.Popen(
             self.argv,
             stdout=log,
