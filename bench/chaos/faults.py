@@ -61,16 +61,6 @@ def _children(stack: StackProcess) -> dict[str, int]:
     return stack.state()["children"]
 
 
-def _indexer_pid(stack: StackProcess) -> int | None:
-    """The KV indexer's process: the one listening on the events port, which it binds as it starts
-    (a poll of the sockets, not a Ray driver's seconds of CPU per poll)."""
-    import psutil
-
-    port = int(stack.cfg["routing"]["events_port"])
-    return next((c.pid for c in psutil.net_connections("tcp") if c.pid and c.status == psutil.CONN_LISTEN
-                 and c.laddr.port == port), None)
-
-
 def _accepts(url: str) -> bool:
     host, port = url.rsplit("//", 1)[-1].split("/")[0].rsplit(":", 1)
     try:
@@ -142,7 +132,7 @@ class Fault:
             s.crash(processes)
             return victim
         if c == "indexer":  # as a crash would: Serve sees its replica die and starts another
-            self.before = _indexer_pid(s)
+            self.before = s.indexer_pid()
             if self.before is None:
                 return "none"
             os.kill(self.before, signal.SIGKILL)
@@ -163,7 +153,7 @@ class Fault:
             self.before = victim
         elif c == "indexer":
             victim = self.before = "kv_indexer"
-            root = psutil.Process(_indexer_pid(s))
+            root = psutil.Process(s.indexer_pid())
         else:
             victim = _child_name(s, c)
             root = psutil.Process(_children(s)[victim])
@@ -193,13 +183,13 @@ class Fault:
                 if c in POOL_FAULTS:
                     return self.before in _live(s, c)
                 if c == "indexer":
-                    return _indexer_pid(s) is not None
+                    return s.indexer_pid() is not None
                 return _answers(s, c)
             if c in REPLICA_FAULTS:
                 live = _live(s, _pool(c))
                 return len(live) >= len(self.before) and live != self.before
             if c == "indexer":
-                now = _indexer_pid(s)
+                now = s.indexer_pid()
                 return now is not None and now != self.before
             name = _child_name(s, c)
             pid = _children(s)[name]

@@ -168,6 +168,15 @@ class StackProcess:
         proc = psutil.Process(pid)
         return [proc, *(c for c in proc.children(recursive=True) if "EngineCore" in " ".join(c.cmdline()))]
 
+    def indexer_pid(self) -> int | None:
+        """The KV indexer's process: the one listening on the events port, which the indexer binds
+        as it starts; None while none does. A look at the sockets, not a Ray driver's seconds of CPU."""
+        import psutil
+
+        port = int(self.cfg["routing"]["events_port"])
+        return next((c.pid for c in psutil.net_connections("tcp") if c.pid and c.status == psutil.CONN_LISTEN
+                     and c.laddr.port == port), None)
+
     @staticmethod
     def crash(processes: list, timeout_s: float = 30) -> None:
         """SIGKILLs `processes` (a replica's, from replica_processes), in order,
