@@ -46,20 +46,29 @@ down:
 status:
 	$(BIN)/baton status
 
-# Unit tests first, on a quiet machine, one worker per core (pytest-xdist); then
-# the shared e2e stack; then the notebook, which starts stacks of its own (one
-# stack at a time on 2 cores).
+# The e2e stacks first, one at a time (tests/e2e/conftest.py). Then the unit tests (no stack,
+# no Ray) run beside the cluster tests, whose `ray up` cluster mostly waits on Ray's autoscaler
+# and its nodes: about a third of the 2 cores idle, which the unit tests fill; their log is
+# printed once both are done. Last the churn, kvstore and notebook tests, each with stacks or
+# engines of their own (one at a time on 2 cores).
 test: install
-	$(BIN)/python -m pytest -v -rs --timeout=300 -n auto tests/unit
 	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/e2e
-	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests --ignore=tests/unit --ignore=tests/e2e
+	@mkdir -p .baton
+	@echo "==> unit tests beside the cluster tests (their log: .baton/unit-tests.log, printed below)"
+	@$(BIN)/python -m pytest -v -rs --timeout=300 -n auto tests/unit > .baton/unit-tests.log 2>&1 & unit=$$!; \
+	trap 'kill $$unit 2>/dev/null' INT TERM; \
+	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/cluster; cluster=$$?; \
+	wait $$unit; units=$$?; \
+	echo "==> unit tests (ran beside the cluster tests): exit $$units"; cat .baton/unit-tests.log; \
+	test $$cluster -eq 0 && test $$units -eq 0
+	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/churn tests/kvstore tests/notebooks
 
 test-unit: install
 	$(BIN)/python -m pytest -v -n auto tests/unit
 
 # The one-machine cluster flow alone (`ray up` cluster/ray_up/local.yaml, baton
-# deploy, placement, autoscaling, `ray down`); `make test` runs it too, in its
-# third pytest run.
+# deploy, placement, autoscaling, `ray down`); `make test` runs it too, beside
+# the unit tests.
 test-cluster: install
 	$(BIN)/python -m pytest -v -rs --timeout=900 tests/cluster
 

@@ -157,6 +157,12 @@ class ManagedProcess:
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} did not open {self.ready_port} in {timeout:.0f}s:\n{self.log_tail()}")
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: children asked together exit side by side; stop() waits."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout`; reaps the child."""
         if not self.alive():
