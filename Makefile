@@ -47,21 +47,21 @@ status:
 	$(BIN)/baton status
 
 # The e2e stacks first, one at a time (tests/e2e/conftest.py). Then the unit tests (no stack,
-# no Ray) run beside the cluster tests, whose `ray up` cluster mostly waits on Ray's autoscaler
-# and its nodes: about a third of the 2 cores idle, which the unit tests fill; their log is
-# printed once both are done. Last the churn, kvstore and notebook tests, each with stacks or
-# engines of their own (one at a time on 2 cores).
+# no Ray) run beside the `ray up` cluster test, which mostly waits on Ray's autoscaler and its
+# nodes: the unit tests fill the idle core (their log is printed once both are done; CI run67:
+# 30 s saved, where the app autoscaling test beside them took 45 s longer). Last the tests with
+# stacks or engines of their own (one at a time on 2 cores).
 test: install
 	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/e2e
 	@mkdir -p .baton
-	@echo "==> unit tests beside the cluster tests (their log: .baton/unit-tests.log, printed below)"
+	@echo "==> unit tests beside the cluster test (their log: .baton/unit-tests.log, printed below)"
 	@$(BIN)/python -m pytest -v -rs --timeout=300 -n auto tests/unit > .baton/unit-tests.log 2>&1 & unit=$$!; \
 	trap 'kill $$unit 2>/dev/null' INT TERM; \
-	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/cluster; cluster=$$?; \
-	wait $$unit; units=$$?; \
-	echo "==> unit tests (ran beside the cluster tests): exit $$units"; cat .baton/unit-tests.log; \
+	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/cluster --ignore=tests/cluster/test_app_autoscaling.py; \
+	cluster=$$?; wait $$unit; units=$$?; \
+	echo "==> unit tests (ran beside the cluster test): exit $$units"; cat .baton/unit-tests.log; \
 	test $$cluster -eq 0 && test $$units -eq 0
-	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/churn tests/kvstore tests/notebooks
+	$(BIN)/python -m pytest -v -rs --durations=15 --timeout=900 tests/cluster/test_app_autoscaling.py tests/churn tests/kvstore tests/notebooks
 
 test-unit: install
 	$(BIN)/python -m pytest -v -n auto tests/unit
