@@ -19,7 +19,7 @@ a crash would:
 `<name>:freeze` (a replica, the indexer or a process above) stops it with SIGSTOP
 instead, and SIGCONTs it `freeze_s` later, as a stalled machine or a long GC pause
 would: nothing restarts it, and it is back once it answers again (a replica: its
-heartbeat is fresh; the indexer: Serve still lists an indexer).
+heartbeat is fresh; the indexer: a process listens on the events port).
 """
 
 from __future__ import annotations
@@ -153,7 +153,10 @@ class Fault:
             self.before = victim
         elif c == "indexer":
             victim = self.before = "kv_indexer"
-            root = psutil.Process(s.indexer_pid())
+            pid = s.indexer_pid()
+            if pid is None:  # psutil.Process(None) would be this process
+                raise RuntimeError("no KV indexer listens on the events port")
+            root = psutil.Process(pid)
         else:
             victim = _child_name(s, c)
             root = psutil.Process(_children(s)[victim])

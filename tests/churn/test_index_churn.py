@@ -87,6 +87,7 @@ def _kill_indexer(stack) -> None:
     """SIGKILLs the indexer's process, as a crash; back once a new one binds the events port and
     answers (its stats call waits until the new replica is ready)."""
     old = stack.indexer_pid()
+    assert old is not None, "no KV indexer listens on the events port"
     os.kill(old, signal.SIGKILL)
     _wait("kv indexer", lambda: stack.indexer_pid() not in (None, old) and _indexer(stack)["actors"])
 

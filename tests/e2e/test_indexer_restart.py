@@ -45,6 +45,7 @@ def test_a_restarted_indexer_resumes_and_misses_nothing(stack):
     assert sum(before["stats"]["next_seq"].values()) > 0, before
     assert len(before["actors"]) == 1, before
     old = stack.indexer_pid()
+    assert old is not None, "no KV indexer listens on the events port"
     os.kill(old, signal.SIGKILL)  # as a crash: Serve sees its replica die and starts another
     # Meanwhile the engines go on publishing: these blocks reach no indexer.
     conversation = prompts.make("indexer-restart", 120)
