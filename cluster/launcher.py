@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -48,7 +48,6 @@ class LocalStack:
         self.ray_started = False
         self._restarted: dict[str, float] = {}
         self._loopback_env: dict[str, str] = {}
-        self._starting: list[ManagedProcess] = []  # Mooncake's, while they start beside Ray's head
         cfg.serve.ingress = ingress.resolve(cfg.serve.ingress, on_cluster=bool(cfg.ray.address))
 
     # -- steps ------------------------------------------------------------------
@@ -76,12 +75,12 @@ class LocalStack:
     def _mooncake(self, environ: dict[str, str]) -> None:
         """Starts the Mooncake master, then the store once the master listens, each with `environ`
         (a copy: this runs beside Ray's head, which sets variables of its own) and listed in
-        `self._starting` as soon as it runs. About 1.4 s of waiting on their ports, not of CPU."""
+        `self.children` as soon as it runs. About 1.4 s of waiting on their ports, not of CPU."""
         for proc in (mooncake.master_process(self.cfg.mooncake, self.log_dir),
                      mooncake.store_process(self.cfg.mooncake, self.log_dir)):
             proc.env.update(self._loopback_env)
             proc.start(environ)
-            self._starting.append(proc)
+            self.children.append(proc)
             proc.wait_ready(timeout=30)
 
     def _ingress(self) -> None:
@@ -177,16 +176,13 @@ class LocalStack:
             with p.step("redis"):
                 if self.cfg.redis.start_local:
                     self._redis()
+            # Leaving the block waits for the thread, so down() below also stops what it started.
             with ThreadPoolExecutor(1, thread_name_prefix="baton-mooncake") as pool:
                 mooncake_up = pool.submit(self._mooncake, dict(os.environ))
-                try:
-                    with p.step(f"ingress ({self.cfg.serve.ingress})"):
-                        self._ingress()
-                    with p.step("ray head (the mooncake master and store start beside it)"):
-                        self._ray()
-                finally:
-                    wait([mooncake_up])  # what it started is stopped by down() too
-                    self.children += self._starting
+                with p.step(f"ingress ({self.cfg.serve.ingress})"):
+                    self._ingress()
+                with p.step("ray head (the mooncake master and store start beside it)"):
+                    self._ray()
             with p.step("mooncake master and store"):
                 mooncake_up.result()
                 worker_cfg = mooncake.write_worker_config(self.cfg.mooncake, self.state_dir / "mooncake.json")

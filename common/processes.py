@@ -168,7 +168,7 @@ class ManagedProcess:
         if not self.alive():
             return
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -44,9 +44,9 @@ SPIN_ALONE_S, SPIN_SHARED_S = 0.1, 0.002
 # How often Serve asks a replica whether it is healthy (`EngineReplica.check_health`): a replica
 # whose engine died forwards its requests meanwhile (replica.py `_watch_engine`), so this bounds how
 # long the pool runs an engine short; Serve replaces it after three failed checks in a row. Serve's
-# default, 10 s, left it short 34 s (`baton bench chaos`); 2 s, 21-23 s. 1 s saved 2 s there, but
-# in CI run67 the e2e tests that kill an engine ran 10-30 s longer each (a replacement then starts
-# while the test still runs, on the same 2 cores), and `make test` a minute longer.
+# default, 10 s, left it short 34 s (`baton bench chaos`); 2 s, 21-23 s. 1 s (tried in CI run67)
+# saved 2 s there, while the e2e tests that kill an engine ran 10-30 s longer each (a replacement
+# starts while the test still runs); the VM slowed that day too, so no gain was shown: kept at 2.
 HEALTH_CHECK_S = 2
 
 
