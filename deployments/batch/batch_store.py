@@ -170,13 +170,22 @@ class BatchStore:
     async def counts(self, batch_id: str) -> tuple[int, int]:
         """(lines with a result, of them errors)."""
         k = f"{P}batch:{batch_id}"
-        done, failed = await self.r.hlen(f"{k}:done"), await self.r.get(f"{k}:failed")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hlen(f"{k}:done")
+        pipe.get(f"{k}:failed")
+        done, failed = await pipe.execute()
         return int(done), int(failed or 0)
 
     async def unfinished(self, batch_id: str) -> tuple[int, int]:
-        """(lines not yet claimed, lines running)."""
+        """(lines not yet claimed, lines running), read together (MULTI): a line given back
+        (`requeue`, `reclaim`) or claimed moves between the two, and two separate reads could
+        miss it in both and end the batch without it."""
         k = f"{P}batch:{batch_id}"
-        return int(await self.r.llen(f"{k}:todo")), int(await self.r.zcard(f"{k}:running"))
+        pipe = self.r.pipeline(transaction=True)
+        pipe.llen(f"{k}:todo")
+        pipe.zcard(f"{k}:running")
+        todo, running = await pipe.execute()
+        return int(todo), int(running)
 
     async def backlog(self, now: float) -> tuple[float, float, float] | None:
         """The work in-progress batches still hold, for autoscaling: (prompt tokens, output tokens,

@@ -181,3 +181,26 @@ def test_backlog_is_the_unfinished_share_of_each_batchs_estimated_work(redis_url
         assert runner.backlog is not None and runner.backlog[1] == 50  # the replica reports this
         await store.r.aclose()
     asyncio.run(main())
+
+
+def test_a_line_going_back_to_todo_is_never_seen_as_finished(redis_url):
+    """`unfinished` reads todo and running as one snapshot: a line refused for capacity moves
+    running -> todo between two separate reads, and the batch would end without it (CI, stop 78)."""
+    async def main():
+        store = BatchStore(redis.asyncio.Redis.from_url(redis_url))
+        await store.create_batch("t", _batch("batch_race", 1), [_line("only", messages=["1"])])
+        stop, seen = asyncio.Event(), []
+
+        async def bounce():  # claim and give back, as a runner whose line gets 429s would
+            while not stop.is_set():
+                if await store.claim("batch_race", 60) is not None:
+                    await store.requeue("batch_race", 0)
+
+        bouncer = asyncio.ensure_future(bounce())
+        for _ in range(3000):
+            seen.append(sum(await store.unfinished("batch_race")))
+        stop.set()
+        await bouncer
+        await store.r.aclose()
+        assert min(seen) == 1
+    asyncio.run(main())
