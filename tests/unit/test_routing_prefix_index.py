@@ -66,3 +66,32 @@ def test_fanout_marks_shared_heads():
     assert idx.shared_prefix_len([7, 1], min_fanout=1) == 0
     idx.remove_replica("r0")  # blocks only r0 held are gone, with their fan-out
     assert idx.fanout(1) == 0 and idx.fanout(20) == 0 and idx.fanout(30) == 1
+
+
+def _leading_runs(index: PrefixIndex, hashes: list[int]) -> dict[str, int]:
+    """`match` by its definition, block by block: each replica's leading run of held blocks."""
+    out = {}
+    for r in index.replicas():
+        n = 0
+        while n < len(hashes) and r in index._holders.get(hashes[n], ()):
+            n += 1
+        if n:
+            out[r] = n
+    return out
+
+
+def test_match_is_each_replicas_leading_run_on_random_indexes():
+    """match counts runs in C-level passes (whole-fleet blocks, runs keeping the matching set);
+    on random holdings, gaps and repeats it gives exactly the per-block definition."""
+    import random
+    rng = random.Random(1)
+    for trial in range(2000):
+        index = PrefixIndex()
+        chain = list(range(trial * 100, trial * 100 + rng.randint(0, 40)))
+        for r in (f"r{i}" for i in range(rng.randint(1, 8))):
+            index.apply_stored(r, chain[:rng.randint(0, len(chain))])
+            index.apply_removed(r, rng.sample(chain, min(len(chain), rng.randint(0, 3))))
+            if rng.random() < 0.3:
+                index.apply_stored(r, rng.sample(chain, min(len(chain), 5)))
+        query = chain[:rng.randint(0, len(chain))] + [-1] * (rng.random() < 0.3) + chain[len(chain) // 2:]
+        assert index.match(query) == _leading_runs(index, query), trial
