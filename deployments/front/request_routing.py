@@ -20,10 +20,10 @@ import asyncio
 import itertools
 import random
 import time
-from collections import Counter
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
+from deployments.front.load_board import LoadBoard, Tally
 from deployments.front.metrics import IngressMetrics
 from deployments.front.pin_feed import CHANNEL as PIN_CHANNEL, LocalPins, message as pin_message
 from deployments.front.routes import Reads, Route
@@ -35,6 +35,8 @@ from routing.policy.rates import mean_rate, median_rate
 from routing.prefix import redis_index, redis_state
 from routing.prefix.hash_memo import HashMemo
 from routing.prefix.snapshot import pins_view
+
+_NONE: dict = {}  # no counts or sessions in a pool (one object, so the load board sees it unchanged)
 
 
 class RequestRouting:
@@ -49,8 +51,10 @@ class RequestRouting:
         pooled = cfg.mooncake.colocated_pool if cfg.colocated else cfg.mooncake.prefix_reuse
         self.policy = BatonPolicy(PolicyConfig(shared_tier=STORE_REPLICA if pooled else None),
                                   rng=random.Random(cfg.routing.seed))
-        self.inflight: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
-        self.work: dict[str, Counter] = {"prefill": Counter(), "decode": Counter()}
+        self.inflight: dict[str, Tally] = {"prefill": Tally(), "decode": Tally()}
+        self.work: dict[str, Tally] = {"prefill": Tally(), "decode": Tally()}
+        # Each pool's loads, rebuilt per replica only where an input changed (load_board.py).
+        self.boards = {pool: LoadBoard(self.inflight[pool], self.work[pool]) for pool in POOLS}
         self._rr = {"prefill": itertools.count(), "decode": itertools.count()}
         # Placement tickets with the pins in memory: each front's own turns, from its own offset.
         self._tickets = itertools.count(random.Random(front).randrange(1 << 16))
@@ -155,27 +159,9 @@ class RequestRouting:
             return RoutingDecision(choice, "load", match.get(choice, 0))
         names, base = self._statics(pool, state.live)
         view = pins_view(self.cfg.routing.pin_ttl_s, req.session, state.pins[pool], now)
-        return self.policy.route(req, self._loads(pool, names, base, state, now), state.snap, view, now,
-                                 state.placement.get(pool), match)
-
-    def _loads(self, pool: str, names: list[str], base: dict[str, tuple], state: Reads,
-               now: float) -> dict[str, ReplicaLoad]:
-        """Each replica's load at this decision. Running: every live front's requests there at this
-        decision's read, or this front's if more (its writes may not have landed); not the engine's
-        heartbeat count, which moved sessions off replicas that had drained (bench affinity). Nothing
-        waits where no front has a request in flight: a beat still showing one waiting is the
-        session's previous turn, and moved its next one. Changes nothing."""
-        live, mine, theirs = state.live[pool], self.inflight[pool].get, state.inflight[pool].get
-        work, seen, sessions = self.work[pool].get, state.work.get(pool, {}).get, state.sessions.get(pool, {}).get
-        loads = {}
-        for n in names:  # inlined, with positional arguments: 64 replicas' loads were a third of a decision
-            running = max(mine(n, 0), theirs(n, 0))
-            capacity, free, prefill_rate, load_rate = base[n]
-            queued, ahead = work(n, 0.0), seen(n, 0.0)
-            # running, queued, free, capacity, alive, pending, oldest wait, sessions, queued prefill, rates
-            loads[n] = ReplicaLoad(running, 0, free, capacity, True, 0.0, self._wait(live[n], now) if running else 0.0,
-                                   sessions(n, 0), ahead if ahead > queued else queued, prefill_rate, load_rate)
-        return loads
+        loads = self.boards[pool].update(live, names, base, state.inflight[pool], state.work.get(pool, _NONE),
+                                         state.sessions.get(pool, _NONE), now)
+        return self.policy.route(req, loads, state.snap, view, now, state.placement.get(pool), match)
 
     def _statics(self, pool: str, live: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, tuple]]:
         """`pool`'s replicas in name order, and per replica what its load takes from the registry:
@@ -196,13 +182,6 @@ class RequestRouting:
         names = sorted(entries)
         self._derived[pool] = (live, names, base)
         return names, base
-
-    @staticmethod
-    def _wait(entry: dict, now: float) -> float:
-        """How long the replica's oldest unscheduled request has waited by `now`: its engine's
-        figure at the heartbeat, plus the heartbeat's age while anything was waiting."""
-        wait = float(entry.get("oldest_wait_s") or 0.0)
-        return wait + max(0.0, now - entry["ts"]) if entry.get("waiting") else wait
 
     def _write_pins(self, session: str | None, chosen: dict[str, str], state: Reads, now: float) -> None:
         """Pins (or re-pins) the session in each pool of `chosen`, and counts it among the live

@@ -49,8 +49,10 @@ def test_load_is_what_the_fronts_have_in_flight_not_the_engines_stale_report():
     pinned = Reads(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None}, fronts, work=work)
     d = baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0)
     assert d.replica != "a" and d.repinned
-    fronts["decode"]["a"], work["decode"]["a"] = 1, 0.0  # a drains: the pin holds again
-    assert baton._choose("decode", RoutingRequest((), session="s"), pinned, 0.0).replica == "a"
+    # a drains: the pin holds again (a new read of the view is new dicts, shared_view.py)
+    drained = Reads(IndexSnapshot([], [], []), live, {"decode": "a", "prefill": None},
+                    {"decode": {"a": 1, "c": 0}, "prefill": {}}, work={"decode": {"a": 0.0}})
+    assert baton._choose("decode", RoutingRequest((), session="s"), drained, 0.0).replica == "a"
 
 
 def test_engines_free_kv_blocks_reach_the_policys_cold_draw():
