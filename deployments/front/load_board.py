@@ -12,8 +12,9 @@ pool's and rebuilds only:
 - a replica whose live-session count differs in a decision that places a new
   session (where no placement was read, the last counts stay: only a
   placement reads them);
-- a replica whose engine reported a request waiting while this front's view
-  shows one running there: its wait grows with the clock.
+- not at all, a replica whose engine reported a request waiting while this
+  front's view shows one running there: its wait grows with the clock, and
+  the board sets that one field of its load in place.
 
 Pure logic: no I/O, time passed in.
 """
@@ -56,7 +57,7 @@ class LoadBoard:
         self.mine, self.queued = mine, queued
         self.loads: dict[str, ReplicaLoad] = {}
         self._key: tuple | None = None  # the inputs `loads` was built from, by identity
-        self._timed: set[str] = set()  # replicas whose wait grows with the clock
+        self._timed: dict[str, tuple] = {}  # replicas whose wait grows with the clock: (wait at beat, beat)
         self._sessions: dict[str, int] = {}
 
     def update(self, live: dict[str, dict], names: list[str], base: dict[str, tuple], theirs: dict,
@@ -71,30 +72,33 @@ class LoadBoard:
         where no front has a request in flight: a beat still showing one waiting is the
         session's previous turn. Changes the board and empties the tallies' `touched`; the dict
         returned is the board's own, changed in place by later updates."""
-        stale = self.mine.touched | self.queued.touched | self._timed
+        stale = self.mine.touched | self.queued.touched
         self.mine.touched.clear()
         self.queued.touched.clear()
         if sessions and sessions != self._sessions:
-            stale.update(n for n, k in sessions.items() if k != self._sessions.get(n, 0))
+            stale.update(n for n, _ in sessions.items() - self._sessions.items())  # the pairs that differ
             self._sessions = dict(sessions)
         key = (live, base, theirs, seen)
         if self._key is None or any(a is not b for a, b in zip(key, self._key)):
-            self._key, self.loads, self._timed = key, {}, set()
+            self._key, self.loads, self._timed = key, {}, {}
             stale = names  # all, in name order
         else:
             stale.intersection_update(live)
         for n in stale:
             self.loads[n] = self._load(n, live[n], base[n], theirs, seen, now)
-        return self.loads
+        loads = self.loads
+        for n, (wait, ts) in self._timed.items():  # a sixth of 64 replicas in the control bench
+            loads[n].oldest_wait_s = wait + (now - ts if now > ts else 0.0)
+        return loads
 
     def _load(self, n: str, entry: dict, base: tuple, theirs: dict, seen: dict, now: float) -> ReplicaLoad:
         running = max(self.mine.get(n, 0), theirs.get(n, 0))
         capacity, free, prefill_rate, load_rate = base
         queued, ahead = self.queued.get(n, 0.0), seen.get(n, 0.0)
         if running and entry.get("waiting"):
-            self._timed.add(n)
+            self._timed[n] = (float(entry.get("oldest_wait_s") or 0.0), entry["ts"])
         else:
-            self._timed.discard(n)
+            self._timed.pop(n, None)
         # running, queued, free, capacity, alive, pending, oldest wait, sessions, queued prefill, rates
         return ReplicaLoad(running, 0, free, capacity, True, 0.0, replica_wait(entry, now) if running else 0.0,
                            self._sessions.get(n, 0), ahead if ahead > queued else queued, prefill_rate, load_rate)

@@ -30,7 +30,9 @@ class ReplicaLoad:
     """Load of one candidate replica as reported by it (or tracked by the router).
 
     Not frozen, unlike its neighbours: a front builds one per replica per decision, and a frozen
-    dataclass's __init__ took 105 us of a 64-replica decision (slots: 34 us). Nothing changes one.
+    dataclass's __init__ took 105 us of a 64-replica decision (slots: 34 us). A front keeps them
+    between decisions and ages a waiting replica's ``oldest_wait_s`` in place
+    (deployments/front/load_board.py); the policy changes none.
 
     ``pending_blocks`` is optional finer-grained work in flight: prefill
     blocks still to compute plus remaining decode tokens / block size. Engines
