@@ -22,8 +22,7 @@ copied them: what the policy reads for one decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice, takewhile
+from collections.abc import Iterable, Sequence
 
 from routing.prefix.index_api import FANOUT_CAP, KVIndex
 
@@ -107,27 +106,27 @@ class PrefixIndex(KVIndex):
         of ``block_hashes`` that the replica holds. Replicas holding none of
         the leading blocks are absent."""
         result: dict[str, int] = {}
-        # The leading blocks anyone holds, their holder sets looked up in C (a held block's set is
-        # never empty); then runs of blocks that keep every still-matching replica, each counted
-        # by one C-level pass: a block the whole fleet holds (a system prompt), or one holding the
-        # matching set. A Python loop per block was a sixth of a 64-replica decision (bench scale
-        # --part control); the loop below turns once per time the matching set shrinks.
-        holders = list(takewhile(bool, map(self._holders.get, block_hashes)))
-        if not holders:
+        if not block_hashes:
             return result
-        active, everyone = set(holders[0]), len(self._held)
-        n, end = 1, len(holders)
-        while n < end:
-            n += _run(takewhile(everyone.__eq__, map(len, islice(holders, n, None))))
-            n += _run(takewhile(active.issubset, islice(holders, n, None)))
-            if n == end:
+        first = self._holders.get(block_hashes[0])
+        if not first:
+            return result
+        active = set(first)
+        everyone = len(self._held)  # a block every known replica holds is held by all of ``active``
+        n = 1  # leading blocks every replica in ``active`` holds
+        for h in block_hashes[1:]:
+            holders = self._holders.get(h)
+            if not holders:
                 break
-            here = holders[n]  # some replica in ``active`` lacks block n
-            for r in active - here:
-                result[r] = n
-            active &= here
-            if not active:
-                return result
+            # The subset test is O(active) per block: a system prompt that 64 replicas hold made
+            # it most of a decision's match (bench scale --part control).
+            if len(holders) != everyone and not active <= holders:
+                for r in active - holders:
+                    result[r] = n
+                active &= holders
+                if not active:
+                    break
+            n += 1
         for r in active:
             result[r] = n
         return result
@@ -167,11 +166,6 @@ class PrefixIndex(KVIndex):
         if not holders:
             del self._holders[h]
             self._children.pop(h, None)
-
-
-def _run(items: Iterator) -> int:
-    """How many items `items` yields, counted in C."""
-    return len(list(items))
 
 
 class IndexSnapshot(PrefixIndex):

@@ -58,3 +58,45 @@ def test_pruned_pinned_turns_decide_as_pricing_every_candidate(seed):
         moved += decisions[0][0].reason == "moved"
         kept += decisions[0][0].reason == "pinned"
     assert moved > 10 and kept > 10, (moved, kept)  # both outcomes were compared
+
+
+def _bound_by_definition(cfg: PolicyConfig, loads: dict[str, ReplicaLoad]) -> set[str]:
+    """Step 1 candidate by candidate: load against the others' mean, wait against the least other's."""
+    live = {n: l for n, l in loads.items() if l.alive}
+    blocks = any(l.pending_blocks > 0 for l in live.values())
+    load = {n: (l.pending_blocks if blocks else float(l.running + l.queued)) for n, l in live.items()}
+    if len(load) == 1:
+        return set(load)
+    slack = cfg.overload_slack_blocks if blocks else cfg.overload_slack_requests
+    out = set()
+    for n, own in load.items():
+        others = [m for m in load if m != n]
+        mean = sum(load[m] for m in others) / len(others)
+        least_other = min(live[m].oldest_wait_s for m in others)
+        if own <= cfg.overload_ratio * mean + slack and live[n].oldest_wait_s <= least_other + cfg.overload_wait_s:
+            out.add(n)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_overload_bound_is_each_candidates_own_test(seed):
+    """The bound's fast path (nobody over: decided from the extremes, in C) and its per-candidate
+    path give the definition's set, over random loads, waits and dead replicas."""
+    from routing.policy.contracts import scalar_loads
+    rng = random.Random(seed)
+    over = 0
+    for _ in range(500):
+        _, _, _, loads = _scenario(rng)
+        for name in loads:
+            if rng.random() < 0.1:
+                loads[name].alive = False
+            if rng.random() < 0.15:
+                loads[name].oldest_wait_s = rng.uniform(0, 12)
+                loads[name].running = rng.choice([loads[name].running, 40])
+        if not any(l.alive for l in loads.values()):
+            continue
+        cfg = PolicyConfig(overload_slack_requests=rng.choice([0.0, 4.0]), overload_wait_s=rng.choice([0.0, 5.0]))
+        got = BatonPolicy(cfg)._under_bound(scalar_loads(loads), loads)
+        assert got == _bound_by_definition(cfg, loads)
+        over += len(got) < sum(l.alive for l in loads.values())
+    assert over > 50, over  # the per-candidate path was taken too
