@@ -9,7 +9,10 @@ Two figures, each on the real code and a real redis-server (started here, on
    session's placement script and the index slice only without the front's
    copies, deployments/front/pin_feed.py and deployments/kv_index/index_feed.py;
    the registry and the fronts' counts only when its shared view is stale),
-   the policy and the pin writes it queues without waiting. Redis holds
+   the policy and the pin writes it queues without waiting. Each decided request
+   is started on the front (its counts written to Redis) and finished
+   ``IN_FLIGHT`` decisions later, so every decision sees the counts move as a
+   busy front's do. Redis holds
    ``replicas`` colocated replicas (each a front) with heartbeats, in-flight and
    queued-work fields for every (replica, front) pair, ``sessions`` pinned
    sessions, every tenant's system prompt indexed on every replica and active
@@ -49,6 +52,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 from actors.sim.profile import GpuProfile
@@ -61,6 +65,7 @@ from routing.prefix import redis_index, redis_state
 from routing.prefix.block_hash import hash_blocks
 
 SYSTEM_TOKENS = 1024
+IN_FLIGHT = 256  # requests the decisions keep started and not yet finished on the front
 ACTIVE = 128  # conversations (of the pinned sessions) and new-session prompts the decisions cycle through
 WARMUP = 300
 
@@ -116,18 +121,26 @@ async def _decide(routing, items: list, n: int, progress: bool, start: int = 0) 
     from time import perf_counter_ns
 
     lat: dict[str, list[int]] = {"pinned": [], "new": []}
-    last = time.monotonic()
+    last, running = time.monotonic(), deque()
     for i in range(start, start + n):
         kind, ids, tenant, session = items[i % len(items)]
         session = session or f"n{i}"
         t0 = perf_counter_ns()
-        await routing.route(ids, tenant, session)
+        route = await routing.route(ids, tenant, session)
         lat[kind].append(perf_counter_ns() - t0)
+        routing.started(route)  # in flight, as a front's requests are: each decision sees counts move
+        running.append(route)
+        if len(running) > IN_FLIGHT:
+            done = running.popleft()
+            routing.computed(done)
+            routing.finished(done)
         await asyncio.sleep(0)  # a front's loop runs its other tasks between requests: the writes, the view
         if time.monotonic() - last > 5:
             last = time.monotonic()
             log(progress, f"routing: {i + 1 - start}/{n} decisions")
-    while routing._pending:  # the pin writes it queued without waiting
+    for done in running:
+        routing.finished(done)
+    while routing._pending:  # the pin and count writes it queued without waiting
         await asyncio.sleep(0.005)
     return lat
 
