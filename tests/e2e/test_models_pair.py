@@ -86,12 +86,14 @@ def test_a_model_resident_on_another_replica_is_served_there_not_woken_twice(pai
     _make_resident(pair_stack, SMALL)  # on whichever replica the kernel gave the connection
     time.sleep(3)  # the replicas' heartbeats now say where it is
     wakes = {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")}
-    routes = []
+    routes, seen = [], []
     for _ in range(12):  # a new connection each: the kernel spreads them over both replicas
         r = _chat(pair_stack, SMALL)
         assert r.status_code == 200, r.text
         routes.append(r.json()["baton"]["route"])
+        seen.append((r.json()["baton"]["route"], r.json()["baton"]["decode_replica"]))
+    now = {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")}
     # Forwarded by one front ("model"; "prefix" once the first turn recorded where these same
     # messages ran), run locally by the other.
-    assert {"model", "prefix"} & set(routes) and "colocated" in routes, routes
-    assert {k["model"]: v for k, v in _samples(pair_stack, "baton_model_wakes_total")} == wakes
+    assert {"model", "prefix"} & set(routes) and "colocated" in routes, (seen, wakes, now)
+    assert now == wakes
