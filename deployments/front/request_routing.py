@@ -25,7 +25,7 @@ from common.config import BatonConfig
 from common.constants import STORE_REPLICA
 from deployments.front.load_board import LoadBoard, Tally
 from deployments.front.metrics import IngressMetrics
-from deployments.front.pin_feed import CHANNEL as PIN_CHANNEL, LocalPins, message as pin_message
+from deployments.front.pin_feed import CHANNEL as PIN_CHANNEL, LocalPins, PinWriter, message as pin_message
 from deployments.front.routes import Reads, Route
 from deployments.front.shared_view import POOLS, SharedView
 from deployments.kv_index.index_feed import LocalIndex
@@ -60,13 +60,13 @@ class RequestRouting:
         self._tickets = itertools.count(random.Random(front).randrange(1 << 16))
         self.metrics = metrics
         self._pending: set[asyncio.Future] = set()
-        self._batch: list = []  # pin writes queued for the next flush (_send)
-        self._flusher: asyncio.Future | None = None
         self._place = redis_client.register_script(redis_state.PLACE) if redis_client is not None else None
         # The index in this front's memory, kept by the indexer's feed (index_feed.py).
         self.local = LocalIndex(redis_client) if redis_client is not None and cfg.routing.local_index else None
         # Every session's pins in this front's memory, kept by the fronts' pin feed (pin_feed.py).
         self.pins = LocalPins(redis_client, cfg.routing.pin_ttl_s, time.time) if self.local is not None else None
+        # Pin writes, one pipeline per flush, kept while Redis is away (pin_feed.py).
+        self.writer = PinWriter(redis_client, time.time, self.pins is not None, metrics.write_errors.inc, self._track)
         self.view = SharedView(redis_client, self.registry, cfg.routing.shared_state_ms / 1000,
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
@@ -218,30 +218,7 @@ class RequestRouting:
                     pipe.pexpire(key, ttl)  # a replica that left takes its set with it
             if pins and self.pins is not None:  # after the SETs: a front that loads meanwhile misses neither
                 pipe.publish(PIN_CHANNEL, pin_message(pins))
-        self._send(queue)
-
-    def _send(self, queue) -> None:
-        """Runs the writes `queue` adds to a pipeline, without waiting for Redis: all queued since
-        the last flush in one pipeline, in order (one each took a connection each: 48 for 50)."""
-        self._batch.append(queue)
-        if self._flusher is None:
-            self._flusher = task = asyncio.ensure_future(self._flush())
-            self._pending.add(task)
-            task.add_done_callback(self._written)
-
-    async def _flush(self) -> None:
-        try:
-            while self._batch:
-                batch, self._batch = self._batch, []
-                pipe = self.redis.pipeline(transaction=False)
-                for queue in batch:
-                    queue(pipe)
-                try:
-                    await pipe.execute()
-                except Exception:  # noqa: BLE001 - counted; the next decisions' writes still go
-                    self.metrics.write_errors.inc()
-        finally:
-            self._flusher = None
+        self.writer.send(queue, pins if self.pins is not None else [])
 
     def _publish(self, counts: dict[str, str]) -> None:
         """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
@@ -259,9 +236,7 @@ class RequestRouting:
                     pipe.hset(key, f, value)
                     pipe.hincrbyfloat(redis_state.sum_key(key), replica, delta)
         if len(pipe):
-            task = asyncio.ensure_future(self._in_order(pipe))
-            self._pending.add(task)
-            task.add_done_callback(self._written)
+            self._track(asyncio.ensure_future(self._in_order(pipe)))
 
     async def _in_order(self, pipe) -> None:
         """Runs count writes one at a time, in the order they were made (asyncio.Lock wakes its
@@ -269,9 +244,14 @@ class RequestRouting:
         async with self._order:
             await pipe.execute()
 
+    def _track(self, task: asyncio.Future) -> None:
+        """Keeps a write task in `_pending` until it is done."""
+        self._pending.add(task)
+        task.add_done_callback(self._written)
+
     def _written(self, task: asyncio.Future) -> None:
         self._pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # a count write (_flush counts its own)
+        if not task.cancelled() and task.exception() is not None:  # a count write (pin flushes count their own)
             self.metrics.write_errors.inc()
 
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:

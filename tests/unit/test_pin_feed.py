@@ -142,3 +142,45 @@ def test_fronts_with_the_pins_in_memory_place_a_burst_evenly_without_a_round_tri
     # with the two warm sessions (one each, on any replicas) 14 sessions over 3 replicas: 4 to 6 each
     placed = Counter(r.decode_replica for r in routes)
     assert sum(placed.values()) == 12 and max(placed.values()) - min(placed.values()) <= 2, placed
+
+
+def test_pins_redis_missed_are_written_once_it_is_back(tmp_path):
+    """Redis away (stopped) while decisions pin sessions: their flush fails, the pins are kept
+    (the latest per session; an expired one is dropped) and written with what remains of their
+    TTL, and published, by the retry once the same server runs again, with no decision needed."""
+    from deployments.front.pin_feed import CHANNEL, PinWriter, message
+    from tests.unit.conftest import restart_redis, start_redis
+
+    server, url = start_redis(tmp_path)
+
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(url)
+        errors, tasks = [], set()
+        writer = PinWriter(client, time.time, True, lambda: errors.append(1), tasks.add)
+        writer.RETRY_S = 0.2
+        server.stop()
+        now = time.time()
+        for pins in ([("decode", "s1", "d1", now + 30), ("decode", "gone", "d1", now + 0.3)],
+                     [("decode", "s1", "d2", now + 30), ("prefill", "s2", "p1", now + 30)]):
+            writer.send(lambda pipe, pins=pins: [pipe.set(pin_key(p, s), r) for p, s, r, _ in pins], pins)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        assert errors and set(writer.unwritten) == {("decode", "s1"), ("decode", "gone"), ("prefill", "s2")}
+        await asyncio.sleep(0.4)  # "gone" expires meanwhile
+        restart_redis(server)  # blocking, as the subscription below: the retry (a timer) comes after both
+        sync = redis.Redis.from_url(url)
+        listener = sync.pubsub()
+        listener.subscribe(CHANNEL)
+        await _until(lambda: not writer.unwritten)
+        listener.get_message(timeout=1)  # the subscription's confirmation
+        published = listener.get_message(timeout=1)["data"]
+        assert published == message([("decode", "s1", "d2", now + 30), ("prefill", "s2", "p1", now + 30)])
+        got = {k: sync.get(pin_key(*k)) for k in (("decode", "s1"), ("prefill", "s2"), ("decode", "gone"))}
+        assert got == {("decode", "s1"): b"d2", ("prefill", "s2"): b"p1", ("decode", "gone"): None}
+        assert 25_000 < sync.pttl(pin_key("decode", "s1")) <= 30_000
+        await client.aclose()
+        return sync
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
