@@ -130,7 +130,9 @@ class PinWriter:
     and written again, with what remains of their TTL, before the next flush's own writes, which
     a retry every RETRY_S starts where no decision does; so a session placed or moved during an
     outage keeps its replica after it, on every front (the feed carries them too). Session-set
-    writes (placements read from Redis) are not kept: the next placement sweeps those sets."""
+    writes (placements read from Redis) are not kept: the next placement sweeps those sets. A
+    kept pin overwrites what another front wrote for its session in the second or so before the
+    retry; a session's turns come seconds apart."""
 
     RETRY_S = 1.0
     MAX_UNWRITTEN = 100_000  # sessions kept while Redis is away, oldest dropped first

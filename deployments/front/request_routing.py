@@ -29,7 +29,7 @@ from deployments.front.pin_feed import CHANNEL as PIN_CHANNEL, LocalPins, PinWri
 from deployments.front.routes import Reads, Route
 from deployments.front.shared_view import POOLS, SharedView
 from deployments.kv_index.index_feed import LocalIndex
-from routing.policy.contracts import ReplicaLoad, RoutingDecision, RoutingRequest
+from routing.policy.contracts import RoutingDecision, RoutingRequest
 from routing.policy.policy import BatonPolicy, PolicyConfig
 from routing.policy.rates import mean_rate, median_rate
 from routing.prefix import redis_index, redis_state
@@ -218,7 +218,7 @@ class RequestRouting:
                     pipe.pexpire(key, ttl)  # a replica that left takes its set with it
             if pins and self.pins is not None:  # after the SETs: a front that loads meanwhile misses neither
                 pipe.publish(PIN_CHANNEL, pin_message(pins))
-        self.writer.send(queue, pins if self.pins is not None else [])
+        self.writer.send(queue, pins)
 
     def _publish(self, counts: dict[str, str]) -> None:
         """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
