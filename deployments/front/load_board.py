@@ -68,7 +68,8 @@ class LoadBoard:
         loaded), derived from `live`; `theirs` and `seen`: every front's in-flight requests and
         queued prefill blocks per replica from the shared view; `sessions`: live sessions per
         replica where this decision read a placement, else empty. Running is every live front's
-        requests there, or this front's if more (its writes may not have landed); nothing waits
+        requests there, or this front's if more (its writes may not have landed), not the engine's
+        heartbeat count, which moved sessions off replicas that had drained; nothing waits
         where no front has a request in flight: a beat still showing one waiting is the
         session's previous turn. Changes the board and empties the tallies' `touched`; the dict
         returned is the board's own, changed in place by later updates."""

@@ -80,8 +80,9 @@ def _bound_by_definition(cfg: PolicyConfig, loads: dict[str, ReplicaLoad]) -> se
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_overload_bound_is_each_candidates_own_test(seed):
-    """The bound's fast path (nobody over: decided from the extremes, in C) and its per-candidate
-    path give the definition's set, over random loads, waits and dead replicas."""
+    """The bound (each load against (total - own) / others, each wait against the least or, for
+    the least-waiting, the second least) is the definition's set, over random loads, waits and
+    dead replicas, where some candidates are over it and where none is."""
     from routing.policy.contracts import scalar_loads
     rng = random.Random(seed)
     over = 0
@@ -99,4 +100,4 @@ def test_the_overload_bound_is_each_candidates_own_test(seed):
         got = BatonPolicy(cfg)._under_bound(scalar_loads(loads), loads)
         assert got == _bound_by_definition(cfg, loads)
         over += len(got) < sum(l.alive for l in loads.values())
-    assert over > 50, over  # the per-candidate path was taken too
+    assert over > 50, over  # candidates over the bound were compared, not only pools within it

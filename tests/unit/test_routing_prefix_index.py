@@ -81,8 +81,8 @@ def _leading_runs(index: PrefixIndex, hashes: list[int]) -> dict[str, int]:
 
 
 def test_match_is_each_replicas_leading_run_on_random_indexes():
-    """match counts runs in C-level passes (whole-fleet blocks, runs keeping the matching set);
-    on random holdings, gaps and repeats it gives exactly the per-block definition."""
+    """match walks the prompt once, skipping the subset test on blocks the whole fleet holds; on
+    random holdings, gaps and repeats it gives exactly the per-block definition."""
     import random
     rng = random.Random(1)
     for trial in range(2000):
