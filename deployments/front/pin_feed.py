@@ -37,6 +37,24 @@ CHANNEL = f"{P}pins:feed"
 SWEEP_S = 10.0  # how often expired pins leave the copy (a tenth of their TTL, if shorter)
 REFRESH = 0.05  # a kept pin is written again once this share of its TTL has passed since its last write
 _decode = msgspec.msgpack.Decoder()
+# A kept pin written again (PinWriter), each where its session's key holds no newer pin: every pin
+# has the same TTL, so one with more of it left was written later, by another front. KEYS: the
+# pins' keys; ARGV[1]: the feed's channel ('' for none), then per key its replica, TTL left (ms),
+# pool, session and expires_at. Publishes the pins it wrote, as `message` does, in the same step,
+# so no front's copy sees them after a newer one. Returns how many it wrote.
+KEEP = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local a = 2 + (i - 1) * 5
+  local ttl = tonumber(ARGV[a + 1])
+  if redis.call('PTTL', key) < ttl then
+    redis.call('SET', key, ARGV[a], 'PX', ttl)
+    out[#out + 1] = {ARGV[a + 2], ARGV[a + 3], ARGV[a], tonumber(ARGV[a + 4])}
+  end
+end
+if #out > 0 and ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], cmsgpack.pack(out)) end
+return #out
+"""
 
 
 def message(pins: list[tuple[str, str, str, float]]) -> bytes:
@@ -131,11 +149,12 @@ class PinWriter:
     a retry every RETRY_S starts where no decision does; so a session placed or moved during an
     outage keeps its replica after it, on every front (the feed carries them too). Session-set
     writes (placements read from Redis) are not kept: the next placement sweeps those sets. A
-    kept pin overwrites what another front wrote for its session in the second or so before the
-    retry; a session's turns come seconds apart."""
+    kept pin is written only where Redis holds no newer pin for its session (`KEEP`: another
+    front may have placed the session since), and published only then."""
 
     RETRY_S = 1.0
     MAX_UNWRITTEN = 100_000  # sessions kept while Redis is away, oldest dropped first
+    KEEP_CHUNK = 1_000  # kept pins per KEEP call
 
     def __init__(self, redis, clock, publish: bool, on_error, track):
         """`clock`: wall-clock seconds; `publish`: whether fronts follow pins on the feed;
@@ -161,11 +180,8 @@ class PinWriter:
                 written = [p for _, pins in batch for p in pins]
                 again = self._again({(pool, session) for pool, session, _, _ in written})
                 pipe = self.redis.pipeline(transaction=False)
-                now = self.clock()
-                for pool, session, replica, expires_at in again:  # older than this batch's own
-                    pipe.set(redis_state.pin_key(pool, session), replica, px=max(1, int((expires_at - now) * 1000)))
-                if again and self.publish:
-                    pipe.publish(CHANNEL, message(again))
+                if again:  # older than this batch's own
+                    self._write_kept(pipe, again)
                 for queue, _ in batch:
                     queue(pipe)
                 try:
@@ -179,6 +195,17 @@ class PinWriter:
                     self.unwritten.pop((pool, session), None)
         finally:
             self._flusher = None
+
+    def _write_kept(self, pipe, pins: list[tuple[str, str, str, float]]) -> None:
+        """Queues KEEP on `pipe` for kept pins, each with what remains of its TTL, KEEP_CHUNK a call
+        (a call holds Redis until it returns)."""
+        now, channel = self.clock(), CHANNEL if self.publish else ""
+        for i in range(0, len(pins), self.KEEP_CHUNK):
+            chunk, args = pins[i:i + self.KEEP_CHUNK], [channel]
+            for pool, session, replica, expires_at in chunk:
+                args += [replica, max(1, int((expires_at - now) * 1000)), pool, session, repr(float(expires_at))]
+            keys = [redis_state.pin_key(pool, session) for pool, session, _, _ in chunk]
+            pipe.eval(KEEP, len(keys), *keys, *args)  # the text, not its SHA: Redis may just have restarted
 
     def _again(self, superseded: set) -> list[tuple[str, str, str, float]]:
         """The kept pins still live and not rewritten by this batch; drops the expired ones."""

@@ -13,7 +13,7 @@ import redis
 
 from common.config import BatonConfig
 from deployments.front.metrics import IngressMetrics
-from deployments.front.pin_feed import LocalPins
+from deployments.front.pin_feed import CHANNEL, LocalPins, PinWriter, _decode
 from deployments.front.request_routing import RequestRouting
 from routing.prefix.redis_state import Registry, pin_key
 from tests.unit.test_index_feed import _until
@@ -148,7 +148,6 @@ def test_pins_redis_missed_are_written_once_it_is_back(tmp_path):
     """Redis away (stopped) while decisions pin sessions: their flush fails, the pins are kept
     (the latest per session; an expired one is dropped) and written with what remains of their
     TTL, and published, by the retry once the same server runs again, with no decision needed."""
-    from deployments.front.pin_feed import CHANNEL, PinWriter, message
     from tests.unit.conftest import restart_redis, start_redis
 
     server, url = start_redis(tmp_path)
@@ -172,8 +171,8 @@ def test_pins_redis_missed_are_written_once_it_is_back(tmp_path):
         listener.subscribe(CHANNEL)
         await _until(lambda: not writer.unwritten)
         listener.get_message(timeout=1)  # the subscription's confirmation
-        published = listener.get_message(timeout=1)["data"]
-        assert published == message([("decode", "s1", "d2", now + 30), ("prefill", "s2", "p1", now + 30)])
+        published = _decode.decode(listener.get_message(timeout=1)["data"])
+        assert published == [["decode", "s1", "d2", now + 30], ["prefill", "s2", "p1", now + 30]]
         got = {k: sync.get(pin_key(*k)) for k in (("decode", "s1"), ("prefill", "s2"), ("decode", "gone"))}
         assert got == {("decode", "s1"): b"d2", ("prefill", "s2"): b"p1", ("decode", "gone"): None}
         assert 25_000 < sync.pttl(pin_key("decode", "s1")) <= 30_000
@@ -184,3 +183,35 @@ def test_pins_redis_missed_are_written_once_it_is_back(tmp_path):
         asyncio.run(scenario())
     finally:
         server.stop()
+
+
+def test_a_kept_pin_never_overwrites_a_newer_pin_another_front_wrote(redis_url, sync):
+    """A pin this front could not write is written again only where Redis holds an older pin for
+    its session (or none), and published only then: another front that placed the session since
+    keeps its placement, in Redis and in every front's copy."""
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_url)
+        errors, tasks = [], set()
+        writer = PinWriter(client, time.time, True, lambda: errors.append(1), tasks.add)
+        writer.KEEP_CHUNK = 2  # two calls
+        now = time.time()
+        writer.unwritten = {("decode", "moved"): ("d1", now + 20), ("decode", "older"): ("d1", now + 20),
+                            ("decode", "absent"): ("d1", now + 20)}
+        sync.set(pin_key("decode", "moved"), "d2", px=30_000)  # another front's, after this one's
+        sync.set(pin_key("decode", "older"), "d3", px=10_000)  # written before this front's kept pin
+        listener = sync.pubsub()
+        listener.subscribe(CHANNEL)
+        listener.get_message(timeout=1)  # the subscription's confirmation
+        writer.send(lambda pipe: None, [])
+        await asyncio.gather(*tasks)
+        assert not errors and not writer.unwritten
+        got = {s: sync.get(pin_key("decode", s)) for s in ("moved", "older", "absent")}
+        assert got == {"moved": b"d2", "older": b"d1", "absent": b"d1"}
+        assert 28_000 < sync.pttl(pin_key("decode", "moved")) <= 30_000
+        assert 15_000 < sync.pttl(pin_key("decode", "older")) <= 20_000
+        published = [pin for _ in range(2) for pin in _decode.decode(listener.get_message(timeout=1)["data"])]
+        assert sorted(published) == [["decode", "absent", "d1", now + 20], ["decode", "older", "d1", now + 20]]
+        assert listener.get_message(timeout=0.2) is None
+        await client.aclose()
+
+    asyncio.run(scenario())
