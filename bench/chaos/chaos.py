@@ -19,6 +19,7 @@ Per fault it reports:
 - `goodput_back_s`: seconds until answers per second are within 10% of
   before the kill; `goodput_settled_s`: until they stay there (after the
   last dip); `component_back_s`: until the component itself is back;
+  `signalled_s`: until the killed process was gone (finding it and the kill's own time);
 - batch lines and stored responses lost or duplicated (bench/chaos/durable.py:
   a batch job and Responses-API chains run beside the traffic).
 JSON, and a timeline plot of good and bad answers per second around each kill.
@@ -121,15 +122,17 @@ def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -
 
 
 async def _under_traffic(fault: Fault | SwapFault | SiteFault, traffic: Traffic, durable: Durable,
-                         args) -> tuple[float, float, str, float | None, dict]:
+                         args) -> tuple[float, float, str, float, float | None, dict]:
     """Runs the traffic and the durable work, kills at `before`; (start, kill time, victim, seconds
-    until the component was back, what the durable work lost)."""
+    until the signal was sent (finding the process takes a moment), seconds until the component
+    was back, what the durable work lost)."""
     start = time.monotonic()
     load = asyncio.gather(traffic.run(args.before + args.after), durable.chains(args.before + args.after),
                           durable.start_batch(max(0.0, args.before - 1.0)))
     await asyncio.sleep(args.before)
     killed_at = time.monotonic()
     victim = await asyncio.to_thread(fault.inject)
+    signalled = round(time.monotonic() - killed_at, 3)
     back = None
     while back is None and time.monotonic() - killed_at < args.recover_timeout:
         if await asyncio.to_thread(fault.recovered):
@@ -137,7 +140,7 @@ async def _under_traffic(fault: Fault | SwapFault | SiteFault, traffic: Traffic,
         else:
             await asyncio.sleep(0.5)
     await load
-    return start, killed_at, victim, back, await durable.report(args.batch_timeout)
+    return start, killed_at, victim, signalled, back, await durable.report(args.batch_timeout)
 
 
 def run_fault(fault: Fault | SwapFault | SiteFault, rate: float, model: str, args, seed: int) -> dict:
@@ -145,7 +148,7 @@ def run_fault(fault: Fault | SwapFault | SiteFault, rate: float, model: str, arg
     fault.prepare()
     traffic = Traffic(fault.stack.url, model, rate, deadline_s=args.deadline, seed=seed)
     durable = Durable(fault.stack.url, model)
-    start, killed_at, victim, back, kept = asyncio.run(_under_traffic(fault, traffic, durable, args))
+    start, killed_at, victim, signalled, back, kept = asyncio.run(_under_traffic(fault, traffic, durable, args))
     attempts = traffic.attempts
     end = max((a.ended for a in attempts if a.ended), default=killed_at)
     no_byte = [a for a in attempts if a.sent >= killed_at
@@ -163,7 +166,7 @@ def run_fault(fault: Fault | SwapFault | SiteFault, rate: float, model: str, arg
         "goodput_back_s": goodput_back_s(good_ends, killed_at, end, before_s=min(args.before, 10.0)),
         "goodput_settled_s": goodput_settled_s(good_ends, killed_at, max(a.sent for a in attempts),
                                                before_s=min(args.before, 10.0)),
-        "component_back_s": back, "kill_at_s": round(killed_at - start, 2),
+        "component_back_s": back, "kill_at_s": round(killed_at - start, 2), "signalled_s": signalled,
         "timeline": timeline(attempts, start, end), "failures": failures(attempts, killed_at),
         **kept, **fault.report(),
         **routing(attempts, killed_at, None if back is None else killed_at + back),

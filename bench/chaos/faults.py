@@ -25,8 +25,6 @@ heartbeat is fresh; the indexer: a process listens on the events port).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import threading
 import time
@@ -59,6 +57,16 @@ def _pool(component: str) -> str:
 
 def _children(stack: StackProcess) -> dict[str, int]:
     return stack.state()["children"]
+
+
+def _crash(stack: StackProcess, pid: int) -> None:
+    """SIGKILLs `pid` and returns once it is gone, its sockets closed (StackProcess.crash)."""
+    import psutil
+
+    try:
+        stack.crash([psutil.Process(pid)])
+    except psutil.NoSuchProcess:
+        pass
 
 
 def _accepts(url: str) -> bool:
@@ -135,11 +143,11 @@ class Fault:
             self.before = s.indexer_pid()
             if self.before is None:
                 return "none"
-            os.kill(self.before, signal.SIGKILL)
+            _crash(s, self.before)
             return f"kv_indexer pid {self.before}"
         name = _child_name(s, c)
         self.before = _children(s)[name]
-        os.kill(self.before, signal.SIGKILL)
+        _crash(s, self.before)
         return f"{name} pid {self.before}"
 
     def _freeze(self) -> str:

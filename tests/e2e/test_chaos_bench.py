@@ -35,7 +35,10 @@ def test_short_chaos_run_hangs_nothing_and_everything_comes_back(tmp_path):
             # what fails is only what the killed process held at the kill (1-5 connections of ~200 in
             # CI runs, 97.4-99.7% answered; with one process: 92.2-97.8%, docs/bench_chaos.md)
             assert all(r[k] == 0 for k in BAD if k not in ("dropped", "broken")), r
-            assert all(f["sent_s"] <= 0 and f["ended_s"] < 1 for f in r["failures"]), r["failures"]
+            # Times count from the kill's start. The bench returns from the kill once the process is
+            # gone (`signalled_s`); a request sent up to then, or just after, before the client's
+            # loop has seen its pooled connection close, met it (run74 failed one sent 1 ms in).
+            assert all(f["sent_s"] <= r["signalled_s"] + 0.05 and f["ended_s"] < 1 for f in r["failures"]), r
             assert r["unaffected_share"] >= 0.95, r
         else:
             assert sum(r[k] for k in BAD) == 0, {k: r[k] for k in ("fault", *BAD)}
