@@ -124,8 +124,8 @@ def capacity(url: str, model: str, seconds: float = 8.0, concurrency: int = 8) -
 async def _under_traffic(fault: Fault | SwapFault | SiteFault, traffic: Traffic, durable: Durable,
                          args) -> tuple[float, float, str, float, float | None, dict]:
     """Runs the traffic and the durable work, kills at `before`; (start, kill time, victim, seconds
-    until the signal was sent (finding the process takes a moment), seconds until the component
-    was back, what the durable work lost)."""
+    until the killed process was gone (finding it takes a moment, and dying another), seconds until
+    the component was back, what the durable work lost)."""
     start = time.monotonic()
     load = asyncio.gather(traffic.run(args.before + args.after), durable.chains(args.before + args.after),
                           durable.start_batch(max(0.0, args.before - 1.0)))
