@@ -192,12 +192,13 @@ def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) ->
     kill and those sent after the component was back (`index_before`, `index_after`: how many
     were exact, over and under); and `sessions_kept_after`, the share of session turns sent
     after it whose replica was their session's previous turn's (a session moved off a dead
-    replica counts once)."""
+    replica counts once), with `sessions_kept_before`, the same share before the kill (what the
+    routing keeps without a fault)."""
     answered = sorted(((a, a.baton()) for a in attempts if a.outcome() in ("ok", "retried")),
                       key=lambda pair: pair[0].sent)
     after = [(a, info) for a, info in answered if back_at is not None and a.sent >= back_at]
     last: dict[str, str] = {}
-    kept = turns = 0
+    kept = turns = kept_before = turns_before = 0
     for a, info in answered:
         replica = info.get("decode_replica")
         if a.session is None or replica is None:
@@ -205,9 +206,13 @@ def routing(attempts: list[Attempt], killed_at: float, back_at: float | None) ->
         if back_at is not None and a.sent >= back_at and a.session in last:
             turns += 1
             kept += last[a.session] == replica
+        elif a.sent < killed_at and a.session in last:
+            turns_before += 1
+            kept_before += last[a.session] == replica
         last[a.session] = replica
     before = _predictions([info for a, info in answered if a.sent < killed_at])
     later_counts = _predictions([info for _, info in after])
     return {"index_exact_before": _exact_share(before), "index_exact_after": _exact_share(later_counts),
             "index_before": before, "index_after": later_counts,
+            "sessions_kept_before": round(kept_before / turns_before, 4) if turns_before else None,
             "sessions_kept_after": round(kept / turns, 4) if turns else None}

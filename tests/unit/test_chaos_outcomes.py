@@ -145,5 +145,6 @@ def test_routing_recovery_counts_exact_predictions_and_kept_sessions_around_the_
     ]
     got = routing(attempts, killed_at=2.0, back_at=4.0)
     assert got == {"index_exact_before": 0.5, "index_exact_after": 1.0, "sessions_kept_after": 0.5,
+                   "sessions_kept_before": 1.0,  # s1's turn at 1 stayed on r1
                    "index_before": {"exact": 1, "over": 1, "under": 0}, "index_after": {"exact": 4, "over": 0, "under": 0}}
     assert routing(attempts, 2.0, None)["index_exact_after"] is None  # never back
