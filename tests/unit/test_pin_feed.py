@@ -8,12 +8,13 @@ import asyncio
 import time
 from collections import Counter
 
+import msgspec
 import pytest
 import redis
 
 from common.config import BatonConfig
 from deployments.front.metrics import IngressMetrics
-from deployments.front.pin_feed import CHANNEL, LocalPins, PinWriter, _decode
+from deployments.front.pin_feed import CHANNEL, LocalPins, PinWriter
 from deployments.front.request_routing import RequestRouting
 from routing.prefix.redis_state import Registry, pin_key
 from tests.unit.test_index_feed import _until
@@ -171,7 +172,7 @@ def test_pins_redis_missed_are_written_once_it_is_back(tmp_path):
         listener.subscribe(CHANNEL)
         await _until(lambda: not writer.unwritten)
         listener.get_message(timeout=1)  # the subscription's confirmation
-        published = _decode.decode(listener.get_message(timeout=1)["data"])
+        published = msgspec.msgpack.decode(listener.get_message(timeout=1)["data"])
         assert published == [["decode", "s1", "d2", now + 30], ["prefill", "s2", "p1", now + 30]]
         got = {k: sync.get(pin_key(*k)) for k in (("decode", "s1"), ("prefill", "s2"), ("decode", "gone"))}
         assert got == {("decode", "s1"): b"d2", ("prefill", "s2"): b"p1", ("decode", "gone"): None}
@@ -209,7 +210,7 @@ def test_a_kept_pin_never_overwrites_a_newer_pin_another_front_wrote(redis_url, 
         assert got == {"moved": b"d2", "older": b"d1", "absent": b"d1"}
         assert 28_000 < sync.pttl(pin_key("decode", "moved")) <= 30_000
         assert 15_000 < sync.pttl(pin_key("decode", "older")) <= 20_000
-        published = [pin for _ in range(2) for pin in _decode.decode(listener.get_message(timeout=1)["data"])]
+        published = [pin for _ in range(2) for pin in msgspec.msgpack.decode(listener.get_message(timeout=1)["data"])]
         assert sorted(published) == [["decode", "absent", "d1", now + 20], ["decode", "older", "d1", now + 20]]
         assert listener.get_message(timeout=0.2) is None
         await client.aclose()
