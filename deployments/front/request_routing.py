@@ -70,6 +70,7 @@ class RequestRouting:
         self.view = SharedView(redis_client, self.registry, cfg.routing.shared_state_ms / 1000,
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
+        self._resend = False  # a count write failed: the next _publish writes them all
         self._order = asyncio.Lock()
         self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/prefix/hash_memo.py)
         self._derived: dict[str, tuple] = {}  # pool -> (live replicas, names, per-replica load inputs): _statics
@@ -223,26 +224,39 @@ class RequestRouting:
     def _publish(self, counts: dict[str, str]) -> None:
         """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
         `counts` that changed, and adds the change to the replica's sum (shared_view.py). Not a
-        transaction: a write lost between the two is undone by the next recount."""
+        transaction: a write lost between the two is undone by the next recount. After a write
+        failed (Redis away), the next call writes every count this front has written before,
+        changed or not, and asks for a recount: a lost decrement would otherwise stay in Redis
+        as a queue that is not there, for as long as this front sends that replica nothing."""
         pipe = self.redis.pipeline(transaction=False)
-        for pool, replica in counts.items():
+        full, self._resend = self._resend, False
+        pairs = set(self._sent) | set(counts.items()) if full else counts.items()
+        for pool, replica in pairs:
             f = redis_state.inflight_field(replica, self.front)
             n, w = self.inflight[pool][replica], round(max(0.0, self.work[pool][replica]), 2)
             sent_n, sent_w = self._sent.get((pool, replica), (0, 0.0))
             self._sent[(pool, replica)] = (n, w)
             for key, value, delta in ((redis_state.inflight_key(pool), n, n - sent_n),
                                       (redis_state.work_key(pool), w, round(w - sent_w, 2))):
-                if delta:
+                if delta or full:
                     pipe.hset(key, f, value)
+                if delta:
                     pipe.hincrbyfloat(redis_state.sum_key(key), replica, delta)
+        if full:
+            self.view.recount_soon()
         if len(pipe):
             self._track(asyncio.ensure_future(self._in_order(pipe)))
 
     async def _in_order(self, pipe) -> None:
         """Runs count writes one at a time, in the order they were made (asyncio.Lock wakes its
-        waiters first come, first served): an older absolute count never lands after a newer one."""
+        waiters first come, first served): an older absolute count never lands after a newer one.
+        A write that fails marks every count for resending (`_publish`)."""
         async with self._order:
-            await pipe.execute()
+            try:
+                await pipe.execute()
+            except Exception:
+                self._resend = True
+                raise
 
     def _track(self, task: asyncio.Future) -> None:
         """Keeps a write task in `_pending` until it is done."""

@@ -78,6 +78,11 @@ class SharedView:
             self._recounted = now
         self._view = (now, entries, *counts)
 
+    def recount_soon(self) -> None:
+        """Makes the next read of the view a recount (`RECOUNT`), whatever its age: the sums are
+        rebuilt from the fields then."""
+        self._recounted = 0.0
+
     def get(self, redis, now: float) -> tuple[dict, dict, dict]:
         """(live replicas per pool, in flight per pool and replica, queued work per pool and replica)
         at `now`; starts a refresh beside the caller when the view is older than `max_age_s`."""

@@ -350,3 +350,46 @@ def test_sums_follow_the_fronts_fields_and_a_recount_repairs_them(clients):
                      time.time(), 6)
     assert {k.decode(): float(v) for k, v in zip(flat[::2], flat[1::2])} == want
     assert redis_state.inflight_field("d2", "gone").encode() not in sync.hgetall(key)
+
+
+def test_counts_a_front_could_not_write_are_written_once_redis_is_back(tmp_path):
+    """Requests finish while Redis is away (killed; it keeps what it had, appendfsync always):
+    the front's next count write, though for another replica, writes every count again, so Redis
+    shows no queue that is not there, and the next view recounts the sums."""
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
+    from tests.unit.conftest import restart_redis, start_redis
+
+    server, url = start_redis(tmp_path, "always")
+    sync = redis.Redis.from_url(url)
+    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
+    for name in ("d1", "d2"):
+        Registry.beat(sync, "decode", name, {"capacity_blocks": 100, "url": f"http://127.0.0.1:1/{name}"})
+    key = redis_state.inflight_key("decode")
+
+    async def scenario(client):
+        front = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        routes = [await front.route(list(range(64)), "t", None) for _ in range(4)]
+        for r in routes:
+            front.started(r)
+        await asyncio.gather(*front._pending)
+        before = {k.decode(): int(v) for k, v in sync.hgetall(key).items()}
+        server.proc.kill()
+        server.proc.wait()
+        for r in routes:
+            front.finished(r)
+        failed = await asyncio.gather(*front._pending, return_exceptions=True)
+        restart_redis(server)
+        Registry.beat(sync, "decode", "d1", {"capacity_blocks": 100, "url": "http://127.0.0.1:1/d1"})
+        front.started(routes[0])  # one replica's count changes
+        await asyncio.gather(*front._pending)
+        return before, failed, front.view._recounted
+
+    try:
+        before, failed, recounted = run(url, scenario)
+        assert before == {"d1 d1": 2, "d2 d1": 2} and failed and all(isinstance(e, Exception) for e in failed)
+        fields = {k.decode(): int(v) for k, v in sync.hgetall(key).items()}
+        assert sorted(fields.values()) == [0, 1] and set(fields) == {"d1 d1", "d2 d1"}
+        assert recounted == 0.0  # the next view is a recount
+    finally:
+        server.stop()
