@@ -17,6 +17,7 @@ import httpx
 
 from bench.chaos.outcomes import Attempt
 
+MAX_PROMPT_CHARS = 2000
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron sigma tau upsilon "
          "omega river stone cloud ember harbor lantern meadow orbit pillar quartz").split()
 
@@ -32,21 +33,31 @@ class Traffic:
         self.max_tokens, self.deadline_s = max_tokens, deadline_s
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.rng = random.Random(seed)
-        self.turns: dict[str, str] = {}
+        self.turns: dict[int, tuple[int, str]] = {}  # session slot -> (its session's number, its prompt)
         self.attempts: list[Attempt] = []
 
-    def _prompt(self, session: str | None) -> str:
+    def _turn(self) -> tuple[str | None, str]:
+        """The next request's session (None for a one-off prompt) and prompt. A session's prompt
+        grows turn by turn; once it would pass MAX_PROMPT_CHARS the session ends and a new one
+        takes its slot (`chaos-<slot>.<n>`), so the load stays the same over a run and every turn
+        continues its session's whole earlier prompt, as an agent's does. (A prompt cut to its
+        last characters instead changed from its first token on: the turn then held nothing on
+        its replica, and sessions moved for that, about half of them after 6 s of traffic.)"""
         words = " ".join(self.rng.choice(WORDS) for _ in range(40))
-        if session is None:
-            return words
-        # A session's prompt grows turn by turn up to a bound, so the load stays the same over a run.
-        self.turns[session] = (self.turns.get(session, "") + " " + words).strip()[-2000:]
-        return self.turns[session]
+        if self.rng.random() >= self.session_share:
+            return None, words
+        slot = self.rng.randrange(self.sessions)
+        generation, text = self.turns.get(slot, (0, ""))
+        if len(text) + 1 + len(words) > MAX_PROMPT_CHARS:
+            generation, text = generation + 1, ""
+        self.turns[slot] = generation, (text + " " + words).strip()
+        return f"chaos-{slot}.{generation}", self.turns[slot][1]
 
     def _next(self, client: httpx.AsyncClient):
         """The next request of the mix, as a coroutine."""
-        session = f"chaos-{self.rng.randrange(self.sessions)}" if self.rng.random() < self.session_share else None
-        return self._one(client, self.rng.random() < self.stream_share, session, self._prompt(session))
+        stream = self.rng.random() < self.stream_share
+        session, prompt = self._turn()
+        return self._one(client, stream, session, prompt)
 
     async def run(self, seconds: float) -> None:
         """Sends requests at `rate` for `seconds`, then waits for those in flight (each bounded by its

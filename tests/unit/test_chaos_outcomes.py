@@ -148,3 +148,25 @@ def test_routing_recovery_counts_exact_predictions_and_kept_sessions_around_the_
                    "sessions_kept_before": 1.0,  # s1's turn at 1 stayed on r1
                    "index_before": {"exact": 1, "over": 1, "under": 0}, "index_after": {"exact": 4, "over": 0, "under": 0}}
     assert routing(attempts, 2.0, None)["index_exact_after"] is None  # never back
+
+
+def test_every_session_turn_continues_its_sessions_whole_prompt():
+    """The chaos traffic's sessions (bench/chaos/traffic.py): each turn's prompt begins with its
+    session's previous one, so a turn that stayed on its replica finds its context there; a
+    session that reached the bound ends, and its slot starts a new session."""
+    from bench.chaos.traffic import MAX_PROMPT_CHARS, Traffic
+
+    traffic = Traffic("http://127.0.0.1:1", "m", rate=1.0, sessions=4, seed=3)
+    last: dict[str, str] = {}
+    one_offs = 0
+    for _ in range(2000):
+        session, prompt = traffic._turn()
+        if session is None:
+            one_offs += 1
+            continue
+        assert len(prompt) <= MAX_PROMPT_CHARS
+        assert prompt.startswith(last.get(session, "")), session
+        last[session] = prompt
+    assert 400 < one_offs < 800  # session_share 0.7
+    assert {s.split(".")[0] for s in last} == {f"chaos-{i}" for i in range(4)}
+    assert len(last) > 4 * 10  # each slot's sessions ended and new ones began
