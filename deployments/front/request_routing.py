@@ -17,9 +17,12 @@ heartbeat, and how long its engine's oldest unscheduled request has waited.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import random
 import time
+
+import redis
 
 from common.config import BatonConfig
 from common.constants import STORE_REPLICA
@@ -71,6 +74,8 @@ class RequestRouting:
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
         self._resend = False  # a count write failed: the next _publish writes them all
+        self._counts_sha = hashlib.sha1(redis_state.COUNTS.encode()).hexdigest()  # loaded at the first miss
+        self._counts_loaded = False  # whether a count write has run: a miss after it is a restart
         self._order = asyncio.Lock()
         self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/prefix/hash_memo.py)
         self._derived: dict[str, tuple] = {}  # pool -> (live replicas, names, per-replica load inputs): _statics
@@ -223,14 +228,15 @@ class RequestRouting:
 
     def _publish(self, counts: dict[str, str]) -> None:
         """Writes this front's in-flight count and queued prefill blocks on each (pool, replica) in
-        `counts` that changed, and adds the change to the replica's sum (shared_view.py). Not a
-        transaction: a write lost between the two is undone by the next recount. After a write
-        failed (Redis away), the next call writes every count this front has written before,
-        changed or not, and asks for a recount: a lost decrement would otherwise stay in Redis
-        as a queue that is not there, for as long as this front sends that replica nothing."""
-        pipe = self.redis.pipeline(transaction=False)
+        `counts` that changed, and adds the change to the replica's sum (shared_view.py), in one
+        unlogged script call (`redis_state.COUNTS`). A write lost between the two is undone by
+        the next recount. After a write failed (Redis away, or restarted without the counts), the
+        next call writes every count this front has written before, changed or not, and asks for
+        a recount: a lost decrement would otherwise stay in Redis as a queue that is not there,
+        for as long as this front sends that replica nothing."""
         full, self._resend = self._resend, False
         pairs = set(self._sent) | set(counts.items()) if full else counts.items()
+        args: list = []
         for pool, replica in pairs:
             f = redis_state.inflight_field(replica, self.front)
             n, w = self.inflight[pool][replica], round(max(0.0, self.work[pool][replica]), 2)
@@ -239,21 +245,29 @@ class RequestRouting:
             for key, value, delta in ((redis_state.inflight_key(pool), n, n - sent_n),
                                       (redis_state.work_key(pool), w, round(w - sent_w, 2))):
                 if delta or full:
-                    pipe.hset(key, f, value)
-                if delta:
-                    pipe.hincrbyfloat(redis_state.sum_key(key), replica, delta)
+                    args += (key, f, value, replica, delta or "")
         if full:
             self.view.recount_soon()
-        if len(pipe):
-            self._track(asyncio.ensure_future(self._in_order(pipe)))
+        if args:
+            self._track(asyncio.ensure_future(self._in_order(args)))
 
-    async def _in_order(self, pipe) -> None:
+    async def _in_order(self, args: list) -> None:
         """Runs count writes one at a time, in the order they were made (asyncio.Lock wakes its
         waiters first come, first served): an older absolute count never lands after a newer one.
-        A write that fails marks every count for resending (`_publish`)."""
+        A write that fails marks every count for resending (`_publish`); one that meets a Redis
+        without the script (restarted: its counts are gone, or as old as its last file rewrite)
+        loads it, runs, and queues the resend at once."""
         async with self._order:
             try:
-                await pipe.execute()
+                try:
+                    await self.redis.evalsha(self._counts_sha, 0, *args)
+                except redis.exceptions.NoScriptError:
+                    await self.redis.script_load(redis_state.COUNTS)
+                    await self.redis.evalsha(self._counts_sha, 0, *args)
+                    if self._counts_loaded:  # not this front's first write: Redis restarted
+                        self._resend = True
+                        self._publish({})  # every count again (and a recount), right behind this write
+                self._counts_loaded = True
             except Exception:
                 self._resend = True
                 raise

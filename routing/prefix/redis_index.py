@@ -29,18 +29,11 @@ import redis
 
 from routing.prefix.index_api import FANOUT_CAP, KVIndex
 from routing.prefix.prefix_index import IndexSnapshot
-from routing.prefix.redis_state import P
-
-# The first lines of every script that writes the index: its writes stay out of the append-only
-# file (and replicas). Redis before 7 needs effects replication switched on for that.
-_NO_AOF = """
-if redis.replicate_commands then redis.replicate_commands() end
-redis.set_repl(redis.REPL_NONE)
-"""
+from routing.prefix.redis_state import NO_AOF, P
 
 # One write of any command, not logged (module docstring): KEYS[1] the key, ARGV[1] the command,
 # ARGV[2..] its other arguments.
-UNLOGGED = _NO_AOF + """
+UNLOGGED = NO_AOF + """
 return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))
 """
 
@@ -50,7 +43,7 @@ return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))
 #   'R', replica, n, then n removed blocks: only blocks the replica held count, and a block that
 #        nobody holds any more loses its fan-out.
 # unpack() puts its values on Lua's stack (8,000 at most), hence the replica set's chunks of 1,000.
-_APPLY = _NO_AOF + """
+_APPLY = NO_AOF + """
 local i = 1
 while i <= #ARGV do
   local op, replica = ARGV[i], ARGV[i + 1]

@@ -8,7 +8,10 @@ Keys (prefix `baton:`):
 - `replicas:{pool}` hash replica id -> JSON {capacity_blocks, url, ts}
 - `inflight:{pool}` hash `{replica} {front}` -> requests that front has in flight there
   (`inflight_work:{pool}` the same for queued prefill blocks); `...:sum` hashes
-  replica -> the live fronts' total (deployments/front/shared_view.py)
+  replica -> the live fronts' total (deployments/front/shared_view.py). Written
+  unlogged (`COUNTS`, `RECOUNT`), as the index is: counts of requests in flight
+  are worth nothing after a restart, and with `appendfsync always` each count
+  write waited for an fsync
 - `idx:feed` a channel: the index's updates, as the indexer writes them (deployments/kv_index/index_feed.py)
 - `idx:tr:*`, `idx:trs`, `idx:seq` the indexer's own state, so that its replacement resumes
   (deployments/kv_index/indexer_state.py)
@@ -91,11 +94,30 @@ return out
 """
 
 
+# The first lines of every script whose writes stay out of the append-only file (and replicas):
+# the index (routing/prefix/redis_index.py) and the fronts' counts. Redis before 7 needs effects
+# replication switched on for that.
+NO_AOF = """
+if redis.replicate_commands then redis.replicate_commands() end
+redis.set_repl(redis.REPL_NONE)
+"""
+
+# One front's count writes (deployments/front/request_routing.py `_publish`), unlogged: ARGV is
+# a run of (counts key, field, value, replica, delta): the field set to the value, and where the
+# delta is not '', the delta added to the replica's sum (`sum_key`).
+COUNTS = NO_AOF + """
+for i = 1, #ARGV, 5 do
+  redis.call('HSET', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  if ARGV[i + 4] ~= '' then redis.call('HINCRBYFLOAT', ARGV[i] .. ':sum', ARGV[i + 3], ARGV[i + 4]) end
+end
+"""
+
+
 # Rebuilds a sum hash from its fields: KEYS[1] the decode registry (every front is a decode
 # replica), KEYS[2] the fields hash, KEYS[3] its sum hash; ARGV[1] now, ARGV[2] the heartbeat
 # timeout. Drops the fields of fronts whose heartbeat is older (a dead front cannot take its
 # counts back) and returns the sums as a flat [replica, sum, ...] list.
-RECOUNT = """
+RECOUNT = NO_AOF + """
 local live = {}
 local reg = redis.call('HGETALL', KEYS[1])
 for i = 1, #reg, 2 do
