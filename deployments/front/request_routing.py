@@ -74,6 +74,7 @@ class RequestRouting:
                                metrics.write_errors.inc)
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
         self._resend = False  # a count write failed: the next _publish writes them all
+        self._queued: list = []  # count-write arguments waiting for the next write (_in_order)
         self._counts_sha = hashlib.sha1(redis_state.COUNTS.encode()).hexdigest()  # loaded at the first miss
         self._counts_loaded = False  # whether a count write has run: a miss after it is a restart
         self._order = asyncio.Lock()
@@ -249,15 +250,22 @@ class RequestRouting:
         if full:
             self.view.recount_soon()
         if args:
-            self._track(asyncio.ensure_future(self._in_order(args)))
+            self._queued += args
+            if len(self._queued) == len(args):  # none waiting: a new write takes these and what follows
+                self._track(asyncio.ensure_future(self._in_order()))
 
-    async def _in_order(self, args: list) -> None:
+    async def _in_order(self) -> None:
         """Runs count writes one at a time, in the order they were made (asyncio.Lock wakes its
         waiters first come, first served): an older absolute count never lands after a newer one.
-        A write that fails marks every count for resending (`_publish`); one that meets a Redis
-        without the script (restarted: its counts are gone, or as old as its last file rewrite)
-        loads it, runs, and queues the resend at once."""
+        Each takes every change queued until it runs, so that a busy front makes one call per
+        Redis round trip, not one per change (the script applies them in order: the last value
+        is set, the deltas add up). A write that fails marks every count for resending
+        (`_publish`); one that meets a Redis without the script (restarted: its counts are gone,
+        or as old as its last file rewrite) loads it, runs, and queues the resend at once."""
         async with self._order:
+            args, self._queued = self._queued, []
+            if not args:
+                return
             try:
                 try:
                     await self.redis.evalsha(self._counts_sha, 0, *args)

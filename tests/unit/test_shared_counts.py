@@ -193,3 +193,36 @@ def test_counts_a_front_could_not_write_are_written_once_redis_is_back(tmp_path)
         assert recounted == 0.0  # the next view is a recount
     finally:
         server.stop()
+
+
+def test_count_changes_made_while_a_write_waits_go_in_one_call(clients):
+    """A busy front makes one count write per Redis round trip: the changes made meanwhile wait
+    for it and go in one script call, applied in their order (the last count set, deltas summed)."""
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
+
+    sync, aio = clients
+    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
+    _beat(sync)
+    key = redis_state.inflight_key("decode")
+
+    def calls() -> int:
+        stats = sync.info("commandstats")
+        return sum(v.get("calls", 0) for k, v in stats.items() if "evalsha" in k)
+
+    async def scenario(client):
+        front = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        routes = [await front.route(list(range(64)), "t", None) for _ in range(20)]
+        await _settle(front)
+        before = calls()
+        for r in routes:  # 20 changes in one go, then 6 more
+            front.started(r)
+        for r in routes[:6]:
+            front.finished(r)
+        await _settle(front)
+        return calls() - before
+
+    made = run(aio, scenario)
+    assert 1 <= made <= 2, made  # one, or two where the first write began before the rest were queued
+    sums = {k.decode(): float(v) for k, v in sync.hgetall(redis_state.sum_key(key)).items()}
+    assert _fields(sync) == {"d1 d1": 7, "d2 d1": 7} and sums == {"d1": 7.0, "d2": 7.0}
