@@ -17,7 +17,6 @@ heartbeat, and how long its engine's oldest unscheduled request has waited.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import random
 import time
@@ -75,8 +74,6 @@ class RequestRouting:
         self._sent: dict[tuple[str, str], tuple[int, float]] = {}  # what _publish last wrote per replica
         self._resend = False  # a count write failed: the next _publish writes them all
         self._queued: list = []  # count-write arguments waiting for the next write (_in_order)
-        self._counts_sha = hashlib.sha1(redis_state.COUNTS.encode()).hexdigest()  # loaded at the first miss
-        self._counts_loaded = False  # whether a count write has run: a miss after it is a restart
         self._order = asyncio.Lock()
         self.memo = HashMemo(self.bs)  # a turn rehashes only what it adds (routing/prefix/hash_memo.py)
         self._derived: dict[str, tuple] = {}  # pool -> (live replicas, names, per-replica load inputs): _statics
@@ -268,14 +265,12 @@ class RequestRouting:
                 return
             try:
                 try:
-                    await self.redis.evalsha(self._counts_sha, 0, *args)
-                except redis.exceptions.NoScriptError:
+                    await self.redis.evalsha(redis_state.COUNTS_SHA, 0, *args)
+                except redis.exceptions.NoScriptError:  # a Redis that restarted (or this front's first write)
                     await self.redis.script_load(redis_state.COUNTS)
-                    await self.redis.evalsha(self._counts_sha, 0, *args)
-                    if self._counts_loaded:  # not this front's first write: Redis restarted
-                        self._resend = True
-                        self._publish({})  # every count again (and a recount), right behind this write
-                self._counts_loaded = True
+                    await self.redis.evalsha(redis_state.COUNTS_SHA, 0, *args)
+                    self._resend = True
+                    self._publish({})  # every count again (and a recount), right behind this write
             except Exception:
                 self._resend = True
                 raise

@@ -24,6 +24,7 @@ The KV indexer is the only writer of `idx:*`; a front writes pins with `pin_key`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -111,6 +112,7 @@ for i = 1, #ARGV, 5 do
   if ARGV[i + 4] ~= '' then redis.call('HINCRBYFLOAT', ARGV[i] .. ':sum', ARGV[i + 3], ARGV[i + 4]) end
 end
 """
+COUNTS_SHA = hashlib.sha1(COUNTS.encode()).hexdigest()  # sent by SHA; loaded where Redis lacks it
 
 
 # Rebuilds a sum hash from its fields: KEYS[1] the decode registry (every front is a decode
