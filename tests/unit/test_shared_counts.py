@@ -141,22 +141,28 @@ async def _settle(front) -> None:
         await asyncio.gather(*front._pending, return_exceptions=True)
 
 
+def _front_of(client, sync):
+    """A round-robin front `d1` on `client`, with `d1` and `d2` registered (_beat)."""
+    from deployments.front.metrics import IngressMetrics
+    from deployments.front.request_routing import RequestRouting
+
+    _beat(sync)
+    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
+    return RequestRouting(cfg, client, IngressMetrics(), "d1")
+
+
 def test_counts_a_front_could_not_write_are_written_once_redis_is_back(tmp_path):
     """Counts are written unlogged (a restarted Redis has none): requests that finish while
     Redis is away fail their writes, and the front's next write, though for one replica, writes
     every count again; a restart the front never saw fail (no write meanwhile) is found by the
     count script missing, and every count is written again right after. Each asks for a recount."""
-    from deployments.front.metrics import IngressMetrics
-    from deployments.front.request_routing import RequestRouting
     from tests.unit.conftest import restart_redis, start_redis
 
     server, url = start_redis(tmp_path, "always")
     sync = redis.Redis.from_url(url)
-    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
 
     async def scenario(client):
-        _beat(sync)
-        front = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        front = _front_of(client, sync)
         routes = [await front.route(list(range(64)), "t", None) for _ in range(4)]
         for r in routes:
             front.started(r)
@@ -233,17 +239,13 @@ def test_while_redis_is_away_a_failed_count_write_holds_the_next_back(tmp_path):
     failed write the next waits COUNT_RETRY_S, taking every change made meanwhile, so a front
     busy through an outage makes a few failed writes a second, not one per change. The counts
     are right once Redis is back."""
-    from deployments.front.metrics import IngressMetrics
-    from deployments.front.request_routing import RequestRouting
     from tests.unit.conftest import restart_redis, start_redis
 
     server, url = start_redis(tmp_path, "always")
     sync = redis.Redis.from_url(url)
-    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
 
     async def scenario(client):
-        _beat(sync)
-        front = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        front = _front_of(client, sync)
         routes = [await front.route(list(range(64)), "t", None) for _ in range(2)]
         await _settle(front)
         _kill(server)
