@@ -204,12 +204,7 @@ def test_counts_a_front_could_not_write_are_written_once_redis_is_back(tmp_path)
 def test_count_changes_made_while_a_write_waits_go_in_one_call(clients):
     """A busy front makes one count write per Redis round trip: the changes made meanwhile wait
     for it and go in one script call, applied in their order (the last count set, deltas summed)."""
-    from deployments.front.metrics import IngressMetrics
-    from deployments.front.request_routing import RequestRouting
-
     sync, aio = clients
-    cfg = BatonConfig.model_validate({"routing": {"policy": "round_robin", "local_index": False}})
-    _beat(sync)
     key = redis_state.inflight_key("decode")
 
     def calls() -> int:
@@ -217,7 +212,7 @@ def test_count_changes_made_while_a_write_waits_go_in_one_call(clients):
         return sum(v.get("calls", 0) for k, v in stats.items() if "evalsha" in k)
 
     async def scenario(client):
-        front = RequestRouting(cfg, client, IngressMetrics(), "d1")
+        front = _front_of(client, sync)
         routes = [await front.route(list(range(64)), "t", None) for _ in range(20)]
         await _settle(front)
         before = calls()
