@@ -22,7 +22,8 @@ copied them: what the policy reads for one decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
+from itertools import islice
 
 from routing.prefix.index_api import FANOUT_CAP, KVIndex
 
@@ -113,9 +114,9 @@ class PrefixIndex(KVIndex):
             return result
         active = set(first)
         everyone = len(self._held)  # a block every known replica holds is held by all of ``active``
-        n = 1  # leading blocks every replica in ``active`` holds
-        for h in block_hashes[1:]:
-            holders = self._holders.get(h)
+        n, total = 1, len(block_hashes)  # n: leading blocks every replica in ``active`` holds
+        while len(active) > 1 and n < total:
+            holders = self._holders.get(block_hashes[n])
             if not holders:
                 break
             # The subset test is O(active) per block: a system prompt that 64 replicas hold made
@@ -125,11 +126,21 @@ class PrefixIndex(KVIndex):
                     result[r] = n
                 active &= holders
                 if not active:
-                    break
+                    return result
             n += 1
+        if len(active) == 1:  # a conversation's own blocks, on one replica: its held set alone
+            held = self._held[next(iter(active))]  # (a third of the per-block cost above)
+            for h in islice(block_hashes, n, None):
+                if h not in held:
+                    break
+                n += 1
         for r in active:
             result[r] = n
         return result
+
+    def known_blocks(self) -> Container[int]:
+        """The hashes some replica holds, as a live view for `in` tests (no copy)."""
+        return self._holders.keys()
 
     def fanout(self, block_hash: int) -> int:
         """Distinct child blocks seen after ``block_hash`` (at most ``fanout_cap``)."""
