@@ -294,22 +294,24 @@ class RequestRouting:
     async def route(self, prompt_ids: list[int], tenant: str, session: str | None) -> Route:
         """Decides replicas for one request; refreshes or moves its session pins."""
         now = time.time()
-        hashes = tuple(self.memo.hashes(prompt_ids, tenant, session))
+        local = self.local.index if self.local is not None else None  # with it, no uncached tail is hashed
+        hashes = tuple(self.memo.hashes(prompt_ids, tenant, session, local.known_blocks() if local else None))
+        blocks = len(prompt_ids) // self.bs
         state = await self._read(hashes, session, now)
         if session and self.cfg.routing.policy == "baton":
             await self._read_placement(state, session, now)
-        req = RoutingRequest(hashes, session)
+        req = RoutingRequest(hashes, session, prompt_blocks=blocks)
         match = state.snap.match(hashes)  # once, for both pools and the store
         decode = self._choose("decode", req, state, now, match)
         if decode is None:
             self.metrics.decisions.labels("decode", "no_replicas").inc()
             self._write_pins(session, {}, state, now)  # takes back a prefill reservation
-            return Route(None, None, False, "no_replicas", 0, prompt_blocks=len(hashes))
+            return Route(None, None, False, "no_replicas", 0, prompt_blocks=blocks)
         chosen = {"decode": decode.replica}
         store_held = match.get(STORE_REPLICA, 0)
         reachable = self._cap(max(decode.cached_blocks, store_held), len(prompt_ids))
         self._count("decode", decode)
-        route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, len(hashes),
+        route = Route(decode.replica, None, False, decode.reason, reachable, decode.repinned, blocks,
                       decode_url=state.live["decode"][decode.replica].get("url"))
         prefill = None
         if len(prompt_ids) - reachable >= self.cfg.routing.decode_only_max_uncached_tokens:

@@ -117,7 +117,7 @@ class TextPrefixTree(Router):
             return RoutingDecision(pow2(names, queue, self.rng), "load")
         match = self.tree.match(request.block_hashes)
         best = max((match.get(n, 0) for n in names), default=0)
-        n_blocks = max(1, len(request.block_hashes))
+        n_blocks = max(1, request.n_blocks)
         if best / n_blocks >= self.match_rate_threshold:
             top = [n for n in names if match.get(n, 0) == best]
             return RoutingDecision(pow2(top, queue, self.rng), "prefix", best)

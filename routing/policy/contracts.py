@@ -14,7 +14,9 @@ class RoutingRequest:
     """What the router knows about one request before choosing a replica.
 
     ``block_hashes`` are the chained, tenant-salted hashes of the prompt's full
-    blocks (see ``block_hash.hash_blocks``). ``session`` comes from the
+    blocks (see ``block_hash.hash_blocks``), or their leading part up to a block
+    no replica holds (a front hashes no further: ``hash_memo.HashMemo.hashes``);
+    ``prompt_blocks`` then counts them all (0: as many as ``block_hashes``). ``session`` comes from the
     ``x-session-affinity`` header. ``expected_decode_tokens`` is max_tokens or
     an estimate; the policy does not read it, the router shell adds it to its
     per-replica ``pending_blocks`` accounting once the request is sent.
@@ -23,6 +25,12 @@ class RoutingRequest:
     block_hashes: tuple[int, ...]
     session: str | None = None
     expected_decode_tokens: int = 0
+    prompt_blocks: int = 0
+
+    @property
+    def n_blocks(self) -> int:
+        """Full blocks in the prompt."""
+        return max(self.prompt_blocks, len(self.block_hashes))
 
 
 @dataclass(slots=True)

@@ -105,7 +105,6 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -188,17 +187,14 @@ class BatonPolicy:
         seen: dict = {}
 
         def cost(n: str) -> Cost:
-            return price(len(request.block_hashes), held[n], popular, tier, loads[n],
+            return price(request.n_blocks, held[n], popular, tier, loads[n],
                          rates_of(loads[n], cfg.default_rates, seen), cfg.recompute_weight)
 
         if request.session is not None:
             pinned = pins.get(request.session, now)
             if pinned in load:
-                n_blocks, per_block = len(request.block_hashes), self._block_floor(loads, tier > 0)
-
-                def floor(n: str) -> float:  # at most cost(n).total (see _keep_or_move)
-                    return loads[n].oldest_wait_s + (n_blocks - min(n_blocks, max(held[n], popular))) * per_block
-                choice, stay, moved = self._keep_or_move(pinned, ok, cost, load, loads[pinned], floor)
+                floors = self._floors(ok, loads, held, popular, request.n_blocks, tier > 0) if self.prune else None
+                choice, stay, moved = self._keep_or_move(pinned, ok, cost, load, loads[pinned], floors)
                 if choice == pinned:
                     return RoutingDecision(pinned, "pinned", held[pinned], False, stay.ttft_s, stay.ttft_s)
                 return RoutingDecision(choice, "moved", held[choice], pins.pin(request.session, choice, now),
@@ -221,19 +217,19 @@ class BatonPolicy:
         return RoutingDecision(choice, reason, held[choice], repinned, predicted)
 
     def _keep_or_move(self, pinned: str, ok: list[str], cost, load: dict[str, float],
-                      pinned_load: ReplicaLoad, floor) -> tuple[str, Cost, Cost]:
+                      pinned_load: ReplicaLoad, floors: dict[str, float] | None) -> tuple[str, Cost, Cost]:
         """Step 2: the pinned replica, or the cheapest other candidate under the bound where
         moving beats staying by the margins; with the cost of staying and of the choice.
 
-        Moving needs a total under `bar` (worth_moving), so only the candidates whose `floor` (a
-        lower bound of their total) is under it are priced: where one of the others is worth
+        Moving needs a total under `bar` (worth_moving), so only the candidates whose `floors` (a
+        lower bound of their total; None prices all) are under it are priced: where one of the others is worth
         moving to, the cheapest of all is among them, and where none is, the pin stays either way.
         At 64 replicas a pinned turn priced 63 candidates that held none of its context."""
         cfg = self.config
         stay = cost(pinned)
         margin_s = cfg.move_margin_blocks * rates_of(pinned_load, cfg.default_rates).prefill_s_per_block
         bar = stay.total - cfg.move_margin * stay.ttft_s - margin_s
-        others = [n for n in ok if n != pinned and (not self.prune or floor(n) * (1 - 1e-9) < bar)]  # rounding
+        others = [n for n in ok if n != pinned and (floors is None or floors[n] * (1 - 1e-9) < bar)]  # rounding
         if not others:
             return pinned, stay, stay
         costs = {n: cost(n) for n in others}
@@ -242,15 +238,26 @@ class BatonPolicy:
             return alt, stay, costs[alt]
         return pinned, stay, stay
 
+    def _floors(self, ok: list[str], loads: dict[str, ReplicaLoad], held: dict[str, int], popular: int,
+                n_blocks: int, tiered: bool) -> dict[str, float]:
+        """A lower bound of each candidate's `cost(n).total` (see _keep_or_move): its wait, and
+        the blocks it lacks at the least any block can cost. The second term is the same for
+        every candidate holding no more than the popular head, most of them: one comprehension,
+        no call per candidate. Changes nothing."""
+        per_block = self._block_floor(loads, tiered)
+        head = (n_blocks - min(n_blocks, popular)) * per_block
+        return {n: loads[n].oldest_wait_s + (head if held[n] <= popular else
+                                             (n_blocks - min(n_blocks, held[n])) * per_block) for n in ok}
+
     def _block_floor(self, loads: dict[str, ReplicaLoad], tiered: bool) -> float:
         """The least any candidate's total can grow per prompt block it lacks: a block computed
         costs `recompute_weight` x its seconds (its own time and the requests' behind it), one
         loaded from the shared tier (where it holds the prompt) its load time. Changes nothing."""
-        cfg, w = self.config, self.config.recompute_weight
-        kinds = {(l.prefill_s_per_block, l.load_s_per_block): l for l in loads.values()}
-        rates = [rates_of(l, cfg.default_rates) for l in kinds.values()]
-        return min(min(w * r.prefill_s_per_block, r.load_s_per_block) if tiered else w * r.prefill_s_per_block
-                   for r in rates)
+        d, w, least = self.config.default_rates, self.config.recompute_weight, math.inf
+        for p, lr in {(l.prefill_s_per_block, l.load_s_per_block) for l in loads.values()}:
+            block = w * (p if p > 0 else d.prefill_s_per_block)  # an unreported figure is the default's (rates_of)
+            least = min(least, min(block, lr if lr > 0 else d.load_s_per_block) if tiered else block)
+        return least
 
     def _under_bound(self, load: dict[str, float], loads: dict[str, ReplicaLoad]) -> set[str]:
         """The candidates within the overload bound (step 1): load against the others' mean (with
@@ -260,14 +267,14 @@ class BatonPolicy:
             return set(load)
         slack = cfg.overload_slack_blocks if loads_in_blocks(loads) else cfg.overload_slack_requests
         total, others_n = sum(load.values()), len(load) - 1
-        waits = {n: loads[n].oldest_wait_s for n in load}
-        # The least wait among the others: the pool's least, or for its holder the second least.
-        first, runner_up = heapq.nsmallest(2, waits, key=waits.__getitem__)
-        least, second = waits[first], waits[runner_up]
+        names, waits = list(load), [loads[n].oldest_wait_s for n in load]
+        # The least wait among the others: the pool's least, or for its (first) holder the second least.
+        least, second = sorted(waits)[:2]
+        first = names[waits.index(least)]
         ratio, wait_s = cfg.overload_ratio, cfg.overload_wait_s
-        return {n for n, own in load.items()
+        return {n for n, own, wait in zip(names, load.values(), waits)
                 if own <= ratio * ((total - own) / others_n) + slack
-                and waits[n] <= (second if n == first else least) + wait_s}
+                and wait <= (second if n == first else least) + wait_s}
 
     def _popular_len(self, held: list[int]) -> int:
         """Leading blocks held by at least POPULAR_FRACTION of ``held``'s

@@ -17,11 +17,12 @@ Pure logic: no clock, no I/O.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
-from routing.prefix.block_hash import pack_tokens, hash_packed
+from routing.prefix.block_hash import hash_known, hash_packed, pack_tokens
 
 DEFAULT_MAX_TOKENS = 2_000_000  # 16 MB of packed tokens per front
+CHUNK_BLOCKS = 32  # the first chunk `hashes` packs and hashes past the reused blocks; each next one doubles
 
 
 class HashMemo:
@@ -37,18 +38,35 @@ class HashMemo:
         self.reused_blocks = 0  # blocks whose hash came from the memo, for tests and metrics
         self.hashed_blocks = 0
 
-    def hashes(self, token_ids: Sequence[int], salt: str, session: str | None = None) -> list[int]:
-        """`hash_blocks(token_ids, block_size, salt)`. Reads the session's last prompt, else the
-        tenant's (`salt`); changes the memo: this prompt becomes both."""
-        width = 8 * self.bs
-        packed = pack_tokens(token_ids, len(token_ids) // self.bs * self.bs)
+    def hashes(self, token_ids: Sequence[int], salt: str, session: str | None = None,
+               known: Container[int] | None = None) -> list[int]:
+        """`hash_blocks(token_ids, block_size, salt)`; with `known`, only its leading part: up to
+        the first hash not in `known` (`block_hash.hash_known`), packing and hashing the prompt
+        in growing chunks, so a new session's uncached tail costs nothing here (the next turn
+        hashes it, once the index holds it). Reads the session's last prompt, else the tenant's
+        (`salt`); changes the memo: this prompt, as far as hashed, becomes both."""
+        bs, width = self.bs, 8 * self.bs
+        n_full = len(token_ids) // bs
         prev = (self._entries.get((salt, session)) if session is not None else None) or self._entries.get((salt,))
-        k = _common_blocks(packed, prev[0], width) if prev else 0
-        if k:
-            tail = hash_packed(packed[k * width:], self.bs, salt, prev[1][k - 1])
-            out = prev[1][:k] + tail
+        m = min(n_full, len(prev[1])) if prev else 0  # an entry keeps the packed tokens of its hashes only
+        packed = pack_tokens(token_ids, m * bs)
+        k = _common_blocks(packed, prev[0], width) if m else 0
+        out = prev[1][:k] if k else []
+        if known is None:
+            packed += pack_tokens(token_ids, n_full * bs, m * bs)
+            out += hash_packed(packed[k * width:], bs, salt, out[-1] if out else None)
         else:
-            out = hash_packed(packed, self.bs, salt, None)
+            pos, chunk = k, CHUNK_BLOCKS
+            while pos < n_full:
+                end = min(n_full, max(pos + chunk, m))
+                if end > m:
+                    packed, m = packed + pack_tokens(token_ids, end * bs, m * bs), end
+                tail, whole = hash_known(packed[pos * width:end * width], bs, salt, out[-1] if out else None, known)
+                out += tail
+                if not whole:
+                    break
+                pos, chunk = end, 2 * chunk
+            packed = packed[:len(out) * width]
         self.reused_blocks += k
         self.hashed_blocks += len(out) - k
         if session is not None:

@@ -64,3 +64,39 @@ def test_the_memo_keeps_at_most_its_token_budget():
     assert memo._bytes <= 8 * 100
     with pytest.raises(ValueError):
         HashMemo(0)
+
+
+def test_with_known_blocks_it_hashes_up_to_the_first_unknown_one_only():
+    """A router needs a prompt's hashes only as far as some replica holds them: with `known`,
+    the memo returns `hash_blocks`'s leading values up to the first unknown hash (included; more
+    only where it had them already), and a later turn carries on from what it kept."""
+    rng = random.Random(4)
+    for trial in range(300):
+        memo = HashMemo(BS)
+        system = _ids(rng, rng.randint(0, 40))
+        turns = [system + _ids(rng, rng.randint(0, 600))]
+        for _ in range(3):
+            turns.append(turns[-1] + _ids(rng, rng.randint(0, 300)) if rng.random() < 0.8
+                         else system + _ids(rng, rng.randint(0, 500)))
+        for t, ids in enumerate(turns):
+            full = hash_blocks(ids, BS, "t")
+            cut = rng.randint(0, len(full))
+            known = set(full[:cut]) | {rng.getrandbits(64)}
+            reused = memo.reused_blocks
+            got = memo.hashes(ids, "t", rng.choice(["s", None]), known=known)
+            assert got == full[:len(got)], (trial, t)
+            k = memo.reused_blocks - reused  # past the reused blocks, hashing stops at the first unknown one
+            assert len(got) == min(len(full), max(cut, k) + 1), (trial, t)
+        everything = memo.hashes(turns[-1], "t", "s")
+        assert everything == hash_blocks(turns[-1], BS, "t")
+
+
+def test_a_new_sessions_uncached_tail_is_neither_packed_nor_hashed():
+    rng = random.Random(5)
+    memo = HashMemo(BS)
+    system = _ids(rng, 64)
+    held = set(memo.hashes(system + _ids(rng, 3), "t", "s0"))  # the tenant's system prompt, held
+    before = memo.hashed_blocks
+    first = memo.hashes(system + _ids(rng, 4000), "t", "s1", known=held)
+    assert len(first) == 17 and memo.hashed_blocks - before == 1  # 16 reused, the first new one hashed
+    assert len(memo._entries[("t", "s1")][0]) == len(memo._entries[("t",)][0]) == 8 * 17 * BS
