@@ -110,10 +110,9 @@ def scalar_loads(loads: dict[str, ReplicaLoad]) -> dict[str, float]:
     """One comparable number per live replica: work in flight in blocks when
     any replica reports ``pending_blocks``, else running + queued requests.
     Deciding the unit once per call keeps the numbers comparable."""
-    live = {n: l for n, l in loads.items() if l.alive}
-    if loads_in_blocks(live):
-        return {n: l.pending_blocks for n, l in live.items()}
-    return {n: float(l.running + l.queued) for n, l in live.items()}
+    if loads_in_blocks(loads):
+        return {n: l.pending_blocks for n, l in loads.items() if l.alive}
+    return {n: float(l.running + l.queued) for n, l in loads.items() if l.alive}
 
 
 class Router(ABC):

@@ -74,3 +74,18 @@ def test_a_first_block_differs_from_one_whose_parent_hashed_to_zero():
     assert hash_blocks(TOKENS[:4], 4, salt="t") != hash_blocks(TOKENS[:4], 4, salt="t", parent=0)
     assert hash_blocks(TOKENS, 4, salt="t", parent=0)[1:] == hash_blocks(TOKENS[4:], 4, salt="t",
                                                                          parent=hash_blocks(TOKENS, 4, "t", 0)[0])
+
+
+def test_packing_in_chunks_gives_one_struct_packs_bytes():
+    """pack_tokens packs in chunks of a compiled Struct: the bytes of one `struct.pack` of the
+    same ids, for any span, chunk boundaries included."""
+    import random
+    import struct
+
+    from routing.prefix.block_hash import pack_tokens
+
+    rng = random.Random(1)
+    ids = [rng.randrange(0, 2**40) for _ in range(2100)]
+    for n, start in [(0, 0), (512, 0), (1024, 0), (1025, 1), (2100, 513)] + \
+            [(n, rng.randint(0, n)) for n in (rng.randint(0, 2100) for _ in range(200))]:
+        assert pack_tokens(ids, n, start) == struct.pack(f"<{n - start}q", *ids[start:n]), (n, start)
