@@ -72,9 +72,11 @@ def _batches(pub, n: int) -> list[bytes]:
         batch = _batch(i)
         pub.publish(batch)
         out.append(enc.encode(batch))
+    # until the last is in the replay buffer: its length alone never reaches n when it keeps fewer
+    # (a 1- or 3-batch buffer waited out the whole deadline, 10 s a test)
     deadline = time.monotonic() + 10
-    while len(pub._buffer) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while not (pub._buffer and pub._buffer[-1][0] >= n - 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return out
 
 
