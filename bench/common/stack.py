@@ -87,24 +87,38 @@ class StackProcess:
         self.log = config.parent / "baton-up.log"
         self.proc: subprocess.Popen | None = None
         self.children: dict[str, int] = {}
+        self._ready = False
 
     def baton(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(BATON), "--config", str(self.config), *args],
                               capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
 
     def start(self) -> None:
-        """Starts `baton up`; returns once it printed its ready line. Stops it and raises if it
-        exits first, is not ready in READY_TIMEOUT_S, or the wait is interrupted (Ctrl-C, or the
-        SIGTERM a bench turns into one): a start given up on leaves nothing running."""
+        """Starts `baton up`; returns once it printed its ready line (`launch`, then `ready`)."""
+        self.launch()
+        self.ready()
+
+    def launch(self) -> None:
+        """Starts `baton up` and returns at once (`ready` waits for it), so that a caller can do
+        other work while the stack starts."""
         out = open(self.log, "w")
         self.proc = subprocess.Popen([*self.prefix, str(BATON), "--config", str(self.config), "up"],
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._ready = False
+
+    def ready(self) -> None:
+        """Returns once the launched stack printed its ready line, at once where it had. Stops it
+        and raises if it exits first, is not ready in READY_TIMEOUT_S, or the wait is interrupted
+        (Ctrl-C, or the SIGTERM a bench turns into one): a start given up on leaves nothing running."""
+        if self._ready:
+            return
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
+        self._ready = True
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

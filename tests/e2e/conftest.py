@@ -57,6 +57,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def _start_shared(workdir: Path) -> StackProcess:
+    """Launched only: `_get` waits for it to be ready."""
     s = StackProcess(write_config(
         workdir, decode={"replicas": 2},
         routing={"pin_ttl_s": PIN_TTL_S, "heartbeat_s": 1, "replica_timeout_s": 3},
@@ -64,7 +65,7 @@ def _start_shared(workdir: Path) -> StackProcess:
         serve={"api_keys": _KEYS, "engine_metrics": True, "ingress": "direct"},
         admission={"capacity_per_replica": CAPACITY_PER_REPLICA, "max_queue_per_tenant": 16},
     ))
-    s.start()
+    s.launch()
     return s
 
 
@@ -141,10 +142,16 @@ _KINDS = {"shared": (_needs_shared, _start_shared, _stop_shared),
 _RUNNING: dict[str, StackProcess] = {}
 
 
-def _get(kind: str, tmp_path_factory) -> StackProcess:
+def _launch(kind: str, tmp_path_factory) -> StackProcess:
     if kind not in _RUNNING:
         _RUNNING[kind] = _KINDS[kind][1](tmp_path_factory.mktemp(kind))
     return _RUNNING[kind]
+
+
+def _get(kind: str, tmp_path_factory) -> StackProcess:
+    s = _launch(kind, tmp_path_factory)
+    s.ready()
+    return s
 
 
 @pytest.fixture(scope="session")
@@ -178,10 +185,15 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(scope="session")
-def vllm_answers(tmp_path_factory):
+def vllm_answers(request, tmp_path_factory):
     """What `vllm serve` answers on the stacks' model, taken once, its server stopped after:
     `agent`, each agent case's result (tests/e2e/agent_cases.py), and `tokens`, the greedy
-    tokens of each prompt case (tests/e2e/prompts.py), as {"mode/name": {"prompt_ids", "token_ids"}}."""
+    tokens of each prompt case (tests/e2e/prompts.py), as {"mode/name": {"prompt_ids", "token_ids"}}.
+    Where the session needs the shared stack and has not started it, it is launched first, to
+    start while this `vllm serve` answers (the e2e run waited 82 s for its first test, the two
+    one after the other)."""
+    if "shared" not in _RUNNING and any(_needs_shared(item) for item in request.session.items):
+        _launch("shared", tmp_path_factory)
     import httpx
     from openai import OpenAI
     from transformers import AutoTokenizer
