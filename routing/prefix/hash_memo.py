@@ -48,9 +48,8 @@ class HashMemo:
         bs, width = self.bs, 8 * self.bs
         n_full = len(token_ids) // bs
         prev = (self._entries.get((salt, session)) if session is not None else None) or self._entries.get((salt,))
-        m = min(n_full, len(prev[1])) if prev else 0  # an entry keeps the packed tokens of its hashes only
-        packed = pack_tokens(token_ids, m * bs)
-        k = _common_blocks(packed, prev[0], width) if m else 0
+        packed, k = self._reusable(token_ids, n_full, prev)
+        m = len(packed) // width  # blocks packed so far
         out = prev[1][:k] if k else []
         if known is None:
             packed += pack_tokens(token_ids, n_full * bs, m * bs)
@@ -73,6 +72,24 @@ class HashMemo:
             self._put((salt, session), packed, out)
         self._put((salt,), packed, out)
         return out
+
+    def _reusable(self, token_ids: Sequence[int], n_full: int, prev: tuple | None) -> tuple[bytes, int]:
+        """(the prompt's leading blocks packed, how many of them `prev` holds the hashes of): packed
+        and compared in growing chunks up to the first block that differs, so a new session is
+        packed only a little past the system prompt it shares with the tenant's last prompt, not
+        as far as that prompt went. Changes nothing."""
+        if not prev:
+            return b"", 0
+        bs, width = self.bs, 8 * self.bs
+        m, parts, pos, chunk = min(n_full, len(prev[1])), [], 0, CHUNK_BLOCKS
+        while pos < m:
+            end = min(m, pos + chunk)
+            parts.append(pack_tokens(token_ids, end * bs, pos * bs))
+            same = _common_blocks(parts[-1], prev[0][pos * width:end * width], width)
+            if same < end - pos:
+                return b"".join(parts), pos + same
+            pos, chunk = end, 2 * chunk
+        return b"".join(parts), m
 
     def _put(self, key: tuple, packed: bytes, hashes: list[int]) -> None:
         old = self._entries.pop(key, None)
