@@ -7,9 +7,11 @@ prompt) the hash chain was ~0.3 ms of each routing decision (sha256 then) at 64 
 hashed a turn earlier. The memo keeps, per session and per tenant, the last
 prompt's packed tokens and hashes; the next prompt reuses the hashes of the
 full blocks it shares with that one (compared byte for byte, so a hash is
-reused only for the very tokens it was computed from) and hashes the rest.
-The values are exactly `hash_blocks`'s. Bounded by the tokens it keeps,
-least recently used first out.
+reused only for the very tokens it was computed from) and hashes the rest,
+or, given the hashes some replica holds, only up to the first it does not
+hold: a new session's uncached tail waits for its next turn. The values are
+exactly `hash_blocks`'s (a leading part of them). Bounded by the tokens it
+keeps, least recently used first out.
 
 Pure logic: no clock, no I/O.
 """
