@@ -81,31 +81,26 @@ def pack_tokens(token_ids: Sequence[int], n: int, start: int = 0) -> bytes:
 def hash_packed(packed: bytes | memoryview, block_size: int, salt: str | None, parent: int | None) -> list[int]:
     """`hash_blocks` with the default hash over tokens already packed (`pack_tokens`), one hash per
     full block: `default_block_hash`'s values, chained."""
+    return hash_known(packed, block_size, salt, parent)[0]
+
+
+def hash_known(packed: bytes | memoryview, block_size: int, salt: str | None, parent: int | None,
+               known: Container[int] | None = None) -> tuple[list[int], bool]:
+    """`hash_packed`'s hashes, with `known` only up to the first that is not in it (that one
+    included), and whether every hash was in `known` (always, without it). A block no replica
+    holds ends every match, so a router need not hash a new prompt's uncached tail. Changes nothing."""
     width, xxh, out = 8 * block_size, xxhash.xxh3_64_intdigest, []
     n = len(packed) // width * width
     if not n:
-        return out
+        return out, True
     h = xxh(_head(salt, parent) + packed[:width], parent or 0)
     out.append(h)
+    if known is not None and h not in known:
+        return out, False
     head = _head(salt, 0)
     for i in range(width, n, width):
         h = xxh(head + packed[i:i + width], h)
         out.append(h)
-    return out
-
-
-def hash_known(packed: bytes, block_size: int, salt: str | None, parent: int | None,
-               known: Container[int]) -> tuple[list[int], bool]:
-    """`hash_packed`'s hashes up to the first that is not in `known`, that one included, and
-    whether every hash was in `known`. A block no replica holds ends every match, so a router
-    need not hash a new prompt's uncached tail. Changes nothing."""
-    out = hash_packed(packed[:8 * block_size], block_size, salt, parent)
-    if not out or out[0] not in known:
-        return out, not out
-    width, xxh, head, h = 8 * block_size, xxhash.xxh3_64_intdigest, _head(salt, 0), out[0]
-    for i in range(width, len(packed) // width * width, width):
-        h = xxh(head + packed[i:i + width], h)
-        out.append(h)
-        if h not in known:
+        if known is not None and h not in known:
             return out, False
     return out, True

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Sequence
 
-from routing.prefix.block_hash import hash_known, hash_packed, pack_tokens
+from routing.prefix.block_hash import hash_known, pack_tokens
 
 DEFAULT_MAX_TOKENS = 2_000_000  # 16 MB of packed tokens per front
 CHUNK_BLOCKS = 32  # the first chunk `hashes` packs and hashes past the reused blocks; each next one doubles
@@ -42,10 +42,10 @@ class HashMemo:
 
     def hashes(self, token_ids: Sequence[int], salt: str, session: str | None = None,
                known: Container[int] | None = None) -> list[int]:
-        """`hash_blocks(token_ids, block_size, salt)`; with `known`, only its leading part: up to
-        the first hash not in `known` (`block_hash.hash_known`), packing and hashing the prompt
-        in growing chunks, so a new session's uncached tail costs nothing here (the next turn
-        hashes it, once the index holds it). Reads the session's last prompt, else the tenant's
+        """`hash_blocks(token_ids, block_size, salt)`, packed and hashed in growing chunks; with
+        `known`, only its leading part: up to the first hash not in `known` (`block_hash.hash_known`),
+        so a new session's uncached tail costs nothing here (the next turn hashes it, once the
+        index holds it). Reads the session's last prompt, else the tenant's
         (`salt`); changes the memo: this prompt, as far as hashed, becomes both."""
         bs, width = self.bs, 8 * self.bs
         n_full = len(token_ids) // bs
@@ -53,21 +53,17 @@ class HashMemo:
         packed, k = self._reusable(token_ids, n_full, prev)
         m = len(packed) // width  # blocks packed so far
         out = prev[1][:k] if k else []
-        if known is None:
-            packed += pack_tokens(token_ids, n_full * bs, m * bs)
-            out += hash_packed(packed[k * width:], bs, salt, out[-1] if out else None)
-        else:
-            pos, chunk = k, CHUNK_BLOCKS
-            while pos < n_full:
-                end = min(n_full, max(pos + chunk, m))
-                if end > m:
-                    packed, m = packed + pack_tokens(token_ids, end * bs, m * bs), end
-                tail, whole = hash_known(packed[pos * width:end * width], bs, salt, out[-1] if out else None, known)
-                out += tail
-                if not whole:
-                    break
-                pos, chunk = end, 2 * chunk
-            packed = packed[:len(out) * width]
+        pos, chunk = k, CHUNK_BLOCKS
+        while pos < n_full:
+            end = min(n_full, max(pos + chunk, m))
+            if end > m:
+                packed, m = packed + pack_tokens(token_ids, end * bs, m * bs), end
+            tail, whole = hash_known(packed[pos * width:end * width], bs, salt, out[-1] if out else None, known)
+            out += tail
+            if not whole:
+                break
+            pos, chunk = end, 2 * chunk
+        packed = packed[:len(out) * width]
         self.reused_blocks += k
         self.hashed_blocks += len(out) - k
         if session is not None:

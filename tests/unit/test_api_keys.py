@@ -8,6 +8,8 @@ import time
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from common.config import ConfigError, load_config
 from deployments.api import api_keys
@@ -75,9 +77,6 @@ def test_store_follows_redis_and_keeps_last_set_when_redis_fails(redis_url):
         again = api_keys.add(sync, "acme")
         await store.refresh()
         # Redis unreachable: the set read last stays in force.
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         # (no retries: the client's default backoff spent 3.5 s on a port nobody listens on)
         store.client = redis.asyncio.Redis(host="127.0.0.1", port=1, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
         assert await store.refresh() is False
