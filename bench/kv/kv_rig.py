@@ -15,6 +15,7 @@ import asyncio
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,10 +180,12 @@ class KVRig:
         return self._client
 
     def close(self) -> None:
-        """Shuts the engines down and stops the master and store this rig started."""
-        for engine in (self.prefill_engine, self.decode_engine):
-            if engine is not None:
-                engine.shutdown()
+        """Shuts the engines down (both at once: each waits seconds for its engine core and
+        worker to exit) and stops the master and store this rig started."""
+        engines = [e for e in (self.prefill_engine, self.decode_engine) if e is not None]
+        if engines:
+            with ThreadPoolExecutor(len(engines)) as pool:
+                list(pool.map(lambda e: e.shutdown(), engines))
         if self._client is not None:
             self._client.close()
         for p in reversed(self.procs):
