@@ -12,7 +12,10 @@ time. Sessions arrive as a Poisson stream, each tagged with its session id
 Routing is Baton's own code: `routing.policy.baton_router.BatonRouter` (the policy,
 the prefix index and the session pins) fed with the engines' real KV events
 through `routing.prefix.event_translator`, as the KV indexer feeds it; loads as the
-fronts build them. Reported per policy: TTFT p50/p99 of turn 1 and of later
+fronts build them, and a session with no live pin placed as a front places it (by the live
+sessions pinned to each replica, a ticket taking turns among the tied; until 2026-12-05 the
+bench gave no ticket, so the policy drew two replicas by load in flight, which the fronts do
+not). Reported per policy: TTFT p50/p99 of turn 1 and of later
 turns, the cached share of prompt tokens against the oracle (one unbounded
 cache that has seen every earlier block), the share of requests whose
 predicted cached tokens (the index's match when routed) equal the engine's,
@@ -21,6 +24,7 @@ live sessions, and the decision's wall time.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
@@ -83,6 +87,7 @@ class Run:
         self.reqs: dict[str, dict] = {}
         self.oracle: set[int] = set()
         self.decide_s: list[float] = []
+        self.tickets = itertools.count()
         self.peak_live = 0
 
     def arrivals(self) -> list[tuple[float, object]]:
@@ -109,12 +114,19 @@ class Run:
              fleet) -> tuple:
         """Routes one request of session `sid` (its `turn`) and records it; what Fleet.run sends."""
         hashes = hash_blocks(prompt, self.bs, tenant)
-        loads = self._loads(fleet)
+        baton = isinstance(self.router, BatonRouter)
+        # as a front places a session with no live pin: by live sessions per replica, a ticket
+        # taking turns among the tied (deployments/front/request_routing.py `_read_placement`)
+        new = baton and sid is not None and self.router.pins.peek(sid, now) is None
+        loads = self._loads(fleet, self.router.pins if new else None)
         t0 = time.perf_counter()
-        d = self.router.route(RoutingRequest(tuple(hashes), sid), loads, now)
+        if baton:
+            d = self.router.route(RoutingRequest(tuple(hashes), sid), loads, now, next(self.tickets) if new else None)
+        else:
+            d = self.router.route(RoutingRequest(tuple(hashes), sid), loads, now)
         self.decide_s.append(time.perf_counter() - t0)
         usable = (len(prompt) - 1) // self.bs  # vLLM always computes a prompt's last token
-        predicted = min(d.cached_blocks, usable) * self.bs if isinstance(self.router, BatonRouter) else None
+        predicted = min(d.cached_blocks, usable) * self.bs if baton else None
         oracle = 0
         for h in hashes[:usable]:
             if h not in self.oracle:
@@ -126,14 +138,16 @@ class Run:
         self.inflight[d.replica] += 1
         return d.replica, rid, prompt, max_tokens, tenant
 
-    def _loads(self, fleet) -> dict[str, ReplicaLoad]:
+    def _loads(self, fleet, pins=None) -> dict[str, ReplicaLoad]:
+        """Each engine's load as a front reads it; with `pins`, its live sessions too."""
         out = {}
         for n in self.names:
             ld = fleet.engines[n].load()
             out[n] = ReplicaLoad(running=self.inflight[n], capacity=max(1, ld["kv_blocks"]),
                                  free_kv_blocks=ld["kv_empty_blocks"],
                                  queued_prefill_blocks=ld["queued_prefill_tokens"] / self.bs,
-                                 prefill_s_per_block=self.prefill_s_per_block)
+                                 prefill_s_per_block=self.prefill_s_per_block,
+                                 sessions=pins.held(n) if pins is not None else 0)
         return out
 
     def on_output(self, engine: str, o, now: float) -> list:

@@ -29,13 +29,15 @@ class BatonRouter(Router):
         self.pins = SessionPins(pin_ttl_s)
         self._next_expiry = 0.0
 
-    def route(self, request: RoutingRequest, loads: dict[str, ReplicaLoad], now: float) -> RoutingDecision:
-        """Route via the policy. Changes the pins (see ``BatonPolicy.route``);
-        expired pins are swept every tenth of the TTL."""
+    def route(self, request: RoutingRequest, loads: dict[str, ReplicaLoad], now: float,
+              placement: int | None = None) -> RoutingDecision:
+        """Route via the policy (``placement``: a new session's ticket, as ``BatonPolicy.route``
+        takes it). Changes the pins (see ``BatonPolicy.route``); expired pins are swept every
+        tenth of the TTL."""
         if now >= self._next_expiry:
             self.pins.expire(now)
             self._next_expiry = now + self.pins.ttl_s / 10
-        return self.policy.route(request, loads, self.index, self.pins, now)
+        return self.policy.route(request, loads, self.index, self.pins, now, placement)
 
     def on_kv_stored(self, replica: str, block_hashes: list[int], parent: int | None) -> None:
         self.index.apply_stored(replica, block_hashes, parent)

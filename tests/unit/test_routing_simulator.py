@@ -94,3 +94,17 @@ def test_stored_events_are_split_into_contiguous_runs():
     assert _contiguous_runs([1, 2, 3, 4, 5], [2, 3, 5]) == [(1, [2, 3]), (4, [5])]
     assert _contiguous_runs([1, 2], [1, 2]) == [(None, [1, 2])]
     assert _contiguous_runs([1, 2], []) == []
+
+
+def test_the_router_places_a_new_session_by_its_ticket_and_keeps_a_pinned_one():
+    """`BatonRouter.route` passes a new session's placement ticket to the policy, as a front does
+    (bench/scale/scale_agentic.py places its sessions this way): fewest live sessions first,
+    ties in turn; a pinned session's later turn stays where it is."""
+    from routing.policy.contracts import ReplicaLoad, RoutingRequest
+
+    router = BatonRouter(rng=random.Random(0))
+    loads = {n: ReplicaLoad(running=0, capacity=100, free_kv_blocks=100, sessions=s)
+             for n, s in (("a", 3), ("b", 1), ("c", 1))}
+    picks = [router.route(RoutingRequest((1, 2), f"s{t}"), loads, now=0.0, placement=t).replica for t in range(4)]
+    assert picks == ["b", "c", "b", "c"]
+    assert router.route(RoutingRequest((1, 2, 3), "s0"), loads, now=1.0).replica == "b"
