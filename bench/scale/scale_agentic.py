@@ -119,11 +119,9 @@ class Run:
         # taking turns among the tied (deployments/front/request_routing.py `_read_placement`)
         new = baton and sid is not None and self.router.pins.peek(sid, now) is None
         loads = self._loads(fleet, self.router.pins if new else None)
+        request, ticket = RoutingRequest(tuple(hashes), sid), next(self.tickets) if new else None
         t0 = time.perf_counter()
-        if baton:
-            d = self.router.route(RoutingRequest(tuple(hashes), sid), loads, now, next(self.tickets) if new else None)
-        else:
-            d = self.router.route(RoutingRequest(tuple(hashes), sid), loads, now)
+        d = self.router.route(request, loads, now, ticket) if baton else self.router.route(request, loads, now)
         self.decide_s.append(time.perf_counter() - t0)
         usable = (len(prompt) - 1) // self.bs  # vLLM always computes a prompt's last token
         predicted = min(d.cached_blocks, usable) * self.bs if baton else None
