@@ -4,6 +4,7 @@ import pytest
 
 from routing.policy.baselines import GreedyCapped, LeastLoaded, RoundRobin, TextPrefixTree
 from routing.policy.baton_router import BatonRouter
+from routing.policy.contracts import ReplicaLoad, RoutingRequest
 from routing.sim.simulator import PoolEvent, ServiceModel, simulate, single_cache_hit_ratio
 from routing.sim.trace import TraceRequest, conversation_session
 
@@ -100,8 +101,6 @@ def test_the_router_places_a_new_session_by_its_ticket_and_keeps_a_pinned_one():
     """`BatonRouter.route` passes a new session's placement ticket to the policy, as a front does
     (bench/scale/scale_agentic.py places its sessions this way): fewest live sessions first,
     ties in turn; a pinned session's later turn stays where it is."""
-    from routing.policy.contracts import ReplicaLoad, RoutingRequest
-
     router = BatonRouter(rng=random.Random(0))
     loads = {n: ReplicaLoad(running=0, capacity=100, free_kv_blocks=100, sessions=s)
              for n, s in (("a", 3), ("b", 1), ("c", 1))}
