@@ -41,9 +41,10 @@
 #      *shared head* of the prompt: popular = the longer of
 #        - the leading run held by at least POPULAR_FRACTION (and at least
 #          two) of the non-overloaded candidates, and
-#        - the leading run whose blocks each have a fan-out of at least
-#          SHARED_FANOUT in the index (many conversations continue them: a
-#          system prompt or template; the trace's hash id 0 has 7,373).
+#        - the leading run up to a block with a fan-out of at least
+#          SHARED_FANOUT in the index, reached through blocks with one child
+#          each (many conversations continue it: a system prompt or template;
+#          the trace's hash id 0 has 7,373; prefix_index.shared_head).
 #      The shared head tells candidates apart by nothing and is cheap to
 #      replicate, so every candidate is credited with it. Without this credit
 #      the first replica to hold the system prompt wins every new

@@ -68,6 +68,29 @@ def test_fanout_marks_shared_heads():
     assert idx.fanout(1) == 0 and idx.fanout(20) == 0 and idx.fanout(30) == 1
 
 
+def test_a_system_prompt_of_many_blocks_is_a_shared_head():
+    """Each block of a 4-block system prompt has one child but the last, which five conversations
+    continue: all 4 are shared, in the index and in a snapshot of it alike; a conversation's own
+    blocks are not, nor is a prompt whose chain branches a few ways before any shared block."""
+    def index(branch: bool) -> PrefixIndex:
+        idx = PrefixIndex()
+        for conv in range(5):
+            idx.apply_stored("r0", [1, 2, 3, 4, 10 + conv, 20 + conv])
+        if branch:
+            idx.apply_stored("r1", [1, 2, 30])  # block 2: two children, a few, not many
+        return idx
+
+    prompt = [1, 2, 3, 4, 10, 20]
+    branched = index(branch=True)
+    assert [branched.fanout(h) for h in (1, 2, 3, 4, 10)] == [1, 2, 1, 5, 1]
+    assert branched.shared_prefix_len(prompt, min_fanout=3) == 0  # block 2 branches 2 ways first
+    idx = index(branch=False)
+    assert idx.shared_prefix_len(prompt, min_fanout=3) == 4
+    assert idx.shared_prefix_len([1, 2, 3], min_fanout=3) == 0  # ends before the shared block
+    assert idx.snapshot(prompt).shared_prefix_len(prompt, min_fanout=3) == 4
+    assert idx.shared_prefix_len([10, 20], min_fanout=3) == 0
+
+
 def _leading_runs(index: PrefixIndex, hashes: list[int]) -> dict[str, int]:
     """`match` by its definition, block by block: each replica's leading run of held blocks."""
     out = {}
