@@ -146,11 +146,13 @@ class PrefixIndex(KVIndex):
         """Distinct child blocks seen after ``block_hash`` (at most ``fanout_cap``)."""
         return len(self._children.get(block_hash, ()))
 
-    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int) -> int:
+    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int, start: int = 0) -> int:
         """The part of the prompt many conversations share, in blocks (`shared_head` of the
-        blocks' fan-outs). Changes nothing."""
+        blocks' fan-outs from block `start` on: the caller knows the blocks before it are shared,
+        and reads none of them; 0 where no shared head is found from there). Changes nothing."""
         children = self._children
-        return shared_head((len(children.get(h, ())) for h in block_hashes), min_fanout)
+        return _from(start, shared_head((len(children.get(h, ())) for h in islice(block_hashes, start, None)),
+                                        min_fanout))
 
     def num_holders(self, block_hash: int) -> int:
         """How many replicas hold ``block_hash``."""
@@ -188,9 +190,14 @@ class IndexSnapshot(PrefixIndex):
     def fanout(self, block_hash: int) -> int:
         return self._fanouts.get(block_hash, 0)
 
-    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int) -> int:
+    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int, start: int = 0) -> int:
         fanouts = self._fanouts
-        return shared_head((fanouts.get(h, 0) for h in block_hashes), min_fanout)
+        return _from(start, shared_head((fanouts.get(h, 0) for h in islice(block_hashes, start, None)), min_fanout))
+
+
+def _from(start: int, n: int) -> int:
+    """A shared head of `n` blocks found from block `start` on, in blocks from the prompt's start."""
+    return start + n if n else 0
 
 
 def shared_head(fanouts: Iterable[int], min_fanout: int) -> int:

@@ -89,6 +89,11 @@ def test_a_system_prompt_of_many_blocks_is_a_shared_head():
     assert idx.shared_prefix_len([1, 2, 3], min_fanout=3) == 0  # ends before the shared block
     assert idx.snapshot(prompt).shared_prefix_len(prompt, min_fanout=3) == 4
     assert idx.shared_prefix_len([10, 20], min_fanout=3) == 0
+    # From a block known shared (the caller's popular run ends there), the blocks before it unread:
+    assert branched.shared_prefix_len(prompt, min_fanout=3, start=2) == 4  # past the branch at block 2
+    assert idx.shared_prefix_len(prompt, min_fanout=3, start=3) == 4
+    assert idx.snapshot(prompt).shared_prefix_len(prompt, min_fanout=3, start=2) == 4
+    assert idx.shared_prefix_len(prompt, min_fanout=3, start=4) == 0  # a conversation's own blocks
 
 
 def _leading_runs(index: PrefixIndex, hashes: list[int]) -> dict[str, int]:
