@@ -153,18 +153,25 @@ def test_falls_back_to_request_counts_without_pending_blocks():
     assert (d.replica, d.reason) == ("b", "load")
 
 
-def test_high_fanout_head_is_not_a_reason_to_stick():
-    # Only r0 holds the system prompt, but eight conversations branch from it:
-    # it is a shared head, so a new conversation is routed by load.
+@pytest.mark.parametrize("system", [(SYSTEM,), tuple(range(SYSTEM, SYSTEM + 40))])
+def test_high_fanout_head_is_not_a_reason_to_stick(system):
+    # Only r0 holds the system prompt (one block, or forty: one child each but the last), but eight
+    # conversations branch from it: it is a shared head, so a new conversation is routed by load.
     idx = PrefixIndex()
     for conv in range(8):
-        idx.apply_stored("r0", [SYSTEM, 500 + conv])
+        idx.apply_stored("r0", [*system, 500 + conv])
     policy, pins = BatonPolicy(rng=random.Random(0)), SessionPins()
-    d = policy.route(RoutingRequest((SYSTEM, 9)), loads(r0=5, r1=1), idx, pins, now=0)
+    d = policy.route(RoutingRequest((*system, 9)), loads(r0=5, r1=1), idx, pins, now=0)
     assert (d.replica, d.reason, d.cached_blocks) == ("r1", "load", 0)
     # A conversation's own block still pulls it back to r0.
-    d = policy.route(RoutingRequest((SYSTEM, 503, 7)), loads(r0=5, r1=1), idx, pins, now=0)
-    assert (d.replica, d.reason, d.cached_blocks) == ("r0", "prefix", 2)
+    d = policy.route(RoutingRequest((*system, 503, 7)), loads(r0=5, r1=1), idx, pins, now=0)
+    assert (d.replica, d.reason, d.cached_blocks) == ("r0", "prefix", len(system) + 1)
+    # Seven conversations are not many: the prompt's holder still draws the eighth.
+    idx = PrefixIndex()
+    for conv in range(7):
+        idx.apply_stored("r0", [*system, 500 + conv])
+    d = policy.route(RoutingRequest((*system, 9)), loads(r0=5, r1=1), idx, pins, now=0)
+    assert (d.replica, d.reason) == ("r0", "prefix")
 
 
 @pytest.mark.parametrize("wait_a, expected", [(8.0, ("a", "pinned")), (30.0, ("b", "moved"))])
