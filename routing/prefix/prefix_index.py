@@ -150,9 +150,7 @@ class PrefixIndex(KVIndex):
         """The part of the prompt many conversations share, in blocks (`shared_head` of the
         blocks' fan-outs from block `start` on: the caller knows the blocks before it are shared,
         and reads none of them; 0 where no shared head is found from there). Changes nothing."""
-        children = self._children
-        return _from(start, shared_head((len(children.get(h, ())) for h in islice(block_hashes, start, None)),
-                                        min_fanout))
+        return shared_head(map(self.fanout, islice(block_hashes, start, None)), min_fanout, start)
 
     def num_holders(self, block_hash: int) -> int:
         """How many replicas hold ``block_hash``."""
@@ -190,20 +188,12 @@ class IndexSnapshot(PrefixIndex):
     def fanout(self, block_hash: int) -> int:
         return self._fanouts.get(block_hash, 0)
 
-    def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int, start: int = 0) -> int:
-        fanouts = self._fanouts
-        return _from(start, shared_head((fanouts.get(h, 0) for h in islice(block_hashes, start, None)), min_fanout))
 
-
-def _from(start: int, n: int) -> int:
-    """A shared head of `n` blocks found from block `start` on, in blocks from the prompt's start."""
-    return start + n if n else 0
-
-
-def shared_head(fanouts: Iterable[int], min_fanout: int) -> int:
-    """How many leading blocks a prompt shares with many conversations, from its blocks' fan-outs
-    in order: up to the last of the first run of blocks with a fan-out of at least `min_fanout`,
-    reached through blocks with one child each. A system prompt of 128 blocks has one child
+def shared_head(fanouts: Iterable[int], min_fanout: int, start: int = 0) -> int:
+    """How many leading blocks a prompt shares with many conversations, from the fan-outs of its
+    blocks from block `start` on, counted from the prompt's first block: up to the last of the
+    first run of blocks with a fan-out of at least `min_fanout`, reached through blocks with one
+    child each. A system prompt of 128 blocks has one child
     after each of its blocks but the last, which every conversation continues differently: all
     128 are shared (a run of high fan-outs alone, as this was until 2026-12-05, found none of
     it at 16-token blocks). 0 when no such block comes before a block with no child or a few."""
@@ -216,4 +206,4 @@ def shared_head(fanouts: Iterable[int], min_fanout: int) -> int:
             break
         else:
             n += 1
-    return last
+    return start + last if last else 0
