@@ -47,7 +47,7 @@ from common.config import load_config
 # CI's two minutes: a replica's replacement (~20 s) bounds its fault's run whatever `after` says
 SHORT = {"engine": "timed", "layout": "colocated", "replicas": 3, "ingress": "haproxy",
          "faults": "decode,engine,ingress,indexer,redis,mooncake-store",
-         "before": 3.0, "after": 8.0, "capacity_s": 4.0}
+         "before": 2.0, "after": 6.0, "capacity_s": 4.0}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
