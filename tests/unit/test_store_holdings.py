@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from kvstore.holdings import StoreAudit, event_hash
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 KEY = "baton-1f2e@model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
 
 
 def test_event_hash_is_what_vllm_publishes_for_the_keys_chunk_hash():
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # here: collection stays light
+
     digest = bytes(range(32))
     key = KEY + digest.hex()
     assert event_hash(key, int_hashes=True) == int.from_bytes(digest, "big") & (2**64 - 1)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoConfig
-
 from cluster.default_model import train_eagle
 from common.constants import DEFAULT_MODEL_DIR
 
 
 def test_the_head_is_causal():
     """A later token never changes an earlier position's output (vLLM runs the head causally)."""
+    import torch  # here, not at the top: collecting the unit tests stays light
+    from transformers import AutoConfig
+
     cfg = AutoConfig.from_pretrained(DEFAULT_MODEL_DIR)
     cfg.num_hidden_layers, cfg._attn_implementation = 1, "sdpa"
     head = train_eagle._head(cfg).eval()

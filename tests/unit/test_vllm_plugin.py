@@ -12,11 +12,16 @@ import zmq
 
 from actors import vllm_plugin
 
-shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
+@pytest.fixture
+def shm_broadcast():
+    """vLLM's module, imported by the tests that use it: collecting the unit tests stays light."""
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    return shm_broadcast
 
 
 @pytest.fixture
-def pair(tmp_path, monkeypatch):
+def pair(tmp_path, monkeypatch, shm_broadcast):
     monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", shm_broadcast.SpinCondition.wait)
     ctx = zmq.Context()
     address = f"ipc://{tmp_path}/notify"
@@ -31,14 +36,14 @@ def pair(tmp_path, monkeypatch):
     ctx.term()
 
 
-def test_without_the_env_vllm_is_unchanged(monkeypatch):
+def test_without_the_env_vllm_is_unchanged(monkeypatch, shm_broadcast):
     original = shm_broadcast.SpinCondition.wait
     monkeypatch.delenv(vllm_plugin.SPIN_ENV, raising=False)
     vllm_plugin.register()
     assert shm_broadcast.SpinCondition.wait is original
 
 
-def test_spin_is_capped_and_a_lost_ping_costs_one_poll(pair, monkeypatch):
+def test_spin_is_capped_and_a_lost_ping_costs_one_poll(pair, monkeypatch, shm_broadcast):
     writer, reader = pair
     original = shm_broadcast.SpinCondition.wait
     monkeypatch.setenv(vllm_plugin.SPIN_ENV, "0.002")
