@@ -116,6 +116,7 @@ def test_a_body_past_the_retry_buffer_and_other_posts_are_not_run_twice(proxy):
     assert r.status_code == 200
 
 
+@pytest.mark.quiet
 def test_a_streamed_event_passes_at_once_not_corked(proxy):
     """Each event reaches the client as the front sends it. Without `option http-no-delay`,
     HAProxy corked small writes: the first event came 200 ms late (Linux's cork timer)."""

@@ -8,6 +8,7 @@ import random
 import signal
 import time
 
+import pytest
 import redis.asyncio
 
 from common.config import AdmissionConfig
@@ -93,6 +94,7 @@ def test_a_front_that_stops_renewing_gives_its_permits_back(redis_url):
     assert run(redis_url, main) == (2 * CAP, CAP)
 
 
+@pytest.mark.quiet
 def test_slow_or_lost_redis_degrades_to_safe_local_limits_without_hanging(redis_proc):
     proc, url = redis_proc
 

@@ -21,6 +21,8 @@ from deployments.api.responses_api import ResponsesAPI
 from deployments.batch.batch_store import BatchStore
 from tests.unit.conftest import restart_redis, start_redis
 
+pytestmark = pytest.mark.quiet  # fsync timings want an idle disk: run on a quiet machine (Makefile)
+
 WRITES = 2000
 KILLS = 6
 
