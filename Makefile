@@ -53,7 +53,7 @@ status:
 #    after; what failed there runs again on a quiet machine, and fails `make test` if it fails there.
 #    (Beside the `ray up` cluster test at normal priority, e39e639, timing tests failed: run71.)
 # 3. The cluster, churn, kvstore and notebook tests, each with stacks or engines of their own.
-UNIT := $(BIN)/python -m pytest -v -rs tests/unit
+UNIT := $(BIN)/python -m pytest -v -rs -o cache_dir=.baton/unit-cache tests/unit
 test: install
 	@mkdir -p .baton
 	$(UNIT) -n auto --timeout=300 -m quiet

@@ -15,6 +15,8 @@ import pytest
 
 from deployments.serving import drain, listen_socket, serve_asgi
 
+pytestmark = pytest.mark.quiet  # a request must reach the server within its sleep: a quiet machine (Makefile)
+
 
 def _slow_app(delay_s: float):
     async def app(scope, receive, send):
