@@ -63,7 +63,7 @@ def test_a_restarted_indexer_resumes_and_misses_nothing(stack):
     while not after["stats"]["applied"]:
         chat(stack, prompts.make("indexer-nudge", 40))
         assert time.monotonic() < deadline, after
-        time.sleep(1)
+        time.sleep(0.5)
         after = _indexer(stack)
     assert not after["stats"]["resyncs"], after["stats"]
     # What was published while no indexer ran is in the index: the prefix is predicted exactly.

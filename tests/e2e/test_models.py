@@ -116,7 +116,7 @@ def test_a_wake_that_cannot_meet_the_deadline_is_a_429_with_retry_after(catalogu
     deadline = time.monotonic() + 60  # it wakes anyway, for the retry Retry-After asks for
     while not _listing(catalogue_stack)[DEEP]["resident"]:
         assert time.monotonic() < deadline, "the refused request's model did not wake"
-        time.sleep(1)
+        time.sleep(0.25)
 
 
 def test_a_cold_model_wakes_and_answers_as_vllm_serve_does(catalogue_stack, reference):

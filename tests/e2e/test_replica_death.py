@@ -322,5 +322,5 @@ def _wait_pool(stack, n: int, timeout_s: float = 420) -> None:
     """Until `n` decode replicas answer (a replica killed a moment ago may still look live)."""
     deadline = time.monotonic() + timeout_s
     while len(_own_counts(stack, "baton_admitted_total")) < n and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.25)
     assert len(_own_counts(stack, "baton_admitted_total")) >= n, "decode pool did not recover"

@@ -58,7 +58,7 @@ def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
     assert (tmp_path / "scale.png").stat().st_size > 0
     deadline = time.monotonic() + 60  # processes the bench stopped may take a moment to close
     while (left := _left_by_test(before, pids_before)) and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.25)
     assert not left, f"the bench left listeners behind: {sorted(left)}"
 
 

@@ -176,6 +176,7 @@ def fake_server():
     server.server_close()
 
 
+@pytest.mark.quiet  # times the fake server's tokens (tpot >= 4 ms): starved beside e2e, they came in bursts
 def test_bench_load_replays_a_trace_and_writes_json_and_csv(fake_server, tmp_path, capsys):
     url, seen = fake_server
     out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
