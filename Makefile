@@ -48,7 +48,8 @@ status:
 
 # 1. The unit tests marked `quiet` (wall-clock or disk timings), on a quiet machine.
 # 2. The e2e tests, their shared stacks one at a time (tests/e2e/conftest.py), and beside them the
-#    other unit tests at idle priority (nice 19, idle I/O class): a third of the 2 cores idles
+#    other unit tests at idle priority (nice 19; ionice's idle class where the disk's scheduler
+#    honours it, which none and mq-deadline do not): a third of the 2 cores idles
 #    while stacks start and tests wait, and the unit tests take only that. Their log is printed
 #    after; what failed there runs again on a quiet machine, and fails `make test` if it fails there.
 #    (Beside the `ray up` cluster test at normal priority, e39e639, timing tests failed: run71.)
