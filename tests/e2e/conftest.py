@@ -83,9 +83,12 @@ def _children(s: StackProcess) -> set[int]:
     return set(s.children.values()) | set(s.state()["children"].values())
 
 
-def _gone(pids: set[int]) -> None:
-    time.sleep(1)
-    assert [pid for pid in pids if pid_alive(pid)] == []
+def _gone(pids: set[int], within_s: float = 5.0) -> None:
+    """Every one of `pids` exits within `within_s` (stopped a moment ago; it was a fixed 1 s wait)."""
+    deadline = time.monotonic() + within_s
+    while (alive := [pid for pid in pids if pid_alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive == []
 
 
 def _start_colocated(workdir: Path) -> StackProcess:
