@@ -12,6 +12,7 @@ import zmq
 
 from actors import vllm_plugin
 
+
 @pytest.fixture
 def shm_broadcast():
     """vLLM's module, imported by the tests that use it: collecting the unit tests stays light."""
