@@ -57,6 +57,7 @@ from pathlib import Path
 
 from actors.sim.profile import GpuProfile
 from bench.scale.control_seed import TENANTS, log, random_tokens, redis_usage, register_replicas, replica_names
+from bench.scale.index_heap import run_heap
 from bench.scale.scale_indexer import run_indexer
 from common.config import BatonConfig, RedisConfig
 from common.processes import free_ports, redis_process
@@ -207,9 +208,11 @@ def run_routing(cfg: BatonConfig, replicas: int, sessions: int, decisions: int, 
 
 def run(replicas: int = 64, sessions: int = 10_000, decisions: int = 20_000, seconds: float = 20.0,
         progress: bool = True, parts: tuple[str, ...] = ("routing", "indexer"), busy: float = 0.7,
-        appendfsync: str = RedisConfig().appendfsync, publishers: int = 1) -> dict:
+        appendfsync: str = RedisConfig().appendfsync, publishers: int = 1, baseline: str | None = None) -> dict:
     """Both figures (see the module's docstring) against a redis-server of its own, which keeps its
-    writes as `baton up`'s does (redis.appendfsync)."""
+    writes as `baton up`'s does (redis.appendfsync); the heap figure needs no Redis."""
+    if parts == ("heap",):
+        return {"heap": run_heap(replicas, progress, baseline)}
     host, (port, events_port) = "127.0.0.1", free_ports(2)
     bs = GpuProfile.load().block_size
     cfg = _config(f"redis://{host}:{port}/0", events_port, replicas, bs)
@@ -236,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=20_000, help="timed routing decisions")
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the engines publish")
     ap.add_argument("--busy", type=float, default=0.7, help="share of each engine's time the chat load uses")
-    ap.add_argument("--only", choices=("routing", "indexer"), help="one figure only")
+    ap.add_argument("--only", choices=("routing", "indexer", "heap"), help="one figure only (heap: a front's "
+                    "copy of the index at every engine's full KV, bench/scale/index_heap.py)")
+    ap.add_argument("--baseline", help="heap: a prefix_index.py to measure beside this tree's (A B B A)")
     ap.add_argument("--appendfsync", choices=("always", "everysec", "off"), default=RedisConfig().appendfsync,
                     help="Redis's persistence (redis.appendfsync; default: `baton up`'s)")
     ap.add_argument("--publishers", type=int, default=1, help="processes the simulated engines' publishers share")
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     parts = (a.only,) if a.only else ("routing", "indexer")
     res = run(a.replicas, a.sessions, a.decisions, a.seconds, progress=not a.quiet, parts=parts, busy=a.busy,
-              appendfsync=a.appendfsync, publishers=a.publishers)
+              appendfsync=a.appendfsync, publishers=a.publishers, baseline=a.baseline)
     print(json.dumps(res, indent=2))
     return 0
 

@@ -4,16 +4,26 @@ The index is fed by the engines' KV cache events (vLLM ``BlockStored``,
 ``BlockRemoved``, ``AllBlocksCleared``), so it mirrors what each replica
 really holds rather than guessing from routing history.
 
-Layout: ``block hash -> set of replicas`` plus ``replica -> set of hashes``
-for cheap removal of a whole replica. The index also records each block's
+Layout: ``block hash -> bit mask of the replicas holding it`` (each replica
+known to the index has a bit of its own) plus ``replica -> its hashes`` for
+cheap removal of a whole replica. The index also records each block's
 *fan-out*: how many distinct child blocks were stored after it (capped at
 ``fanout_cap``). A shared system prompt or template has a high fan-out (every
 conversation continues it differently); a conversation's own blocks have one
 or two children. The policy uses this to tell shared heads from specific
 tails. A query walks the prompt's blocks once
-and intersects the shrinking set of replicas still matching, so its cost is
+and intersects the shrinking mask of replicas still matching, so its cost is
 O(prompt blocks + replicas holding the first block), independent of how many
 blocks the fleet holds.
+
+Ints in dicts, not a set per block: Python's cyclic collector traverses every
+set and every dict that holds one, while a dict of ints alone is not its to
+track. With a set of holders and one of children per block, a front's copy of
+a 64-engine index at full KV (1.8M blocks) was 2.9M objects for it, and each
+full collection stopped the front for ~0.8 s; with masks, first children and
+each replica's blocks as a dict of ints, it adds none, and it takes a third of
+the memory (`baton bench scale --part control --only heap`;
+tests/unit/test_routing_prefix_index.py keeps it out of the collector's sight).
 
 ``IndexSnapshot`` is a PrefixIndex holding only one prompt's blocks, as one
 round trip fetched them (routing/prefix/redis_index.py) or ``PrefixIndex.snapshot``
@@ -34,9 +44,13 @@ class PrefixIndex(KVIndex):
 
     def __init__(self, fanout_cap: int = FANOUT_CAP) -> None:
         self.fanout_cap = fanout_cap
-        self._holders: dict[int, set[str]] = {}
-        self._held: dict[str, set[int]] = {}
-        self._children: dict[int, set[int]] = {}
+        self._holders: dict[int, int] = {}  # block hash -> mask of the holders' bits
+        self._held: dict[str, dict[int, None]] = {}  # replica -> the hashes it holds (a dict: untracked)
+        self._child: dict[int, int] = {}  # block hash -> the first child seen after it
+        self._more: dict[int, set[int]] = {}  # block hash -> its other distinct children, up to the cap (few)
+        self._bit: dict[str, int] = {}  # replica -> its bit (a power of two)
+        self._name: dict[int, str] = {}  # bit -> replica
+        self._everyone = 0  # every known replica's bit
 
     # ---- updates (each changes the index) ---------------------------------
 
@@ -48,56 +62,77 @@ class PrefixIndex(KVIndex):
         vLLM's ``BlockStored``. Hashes are chained, so prefix queries need no
         parent link; the links feed the blocks' fan-out.
         """
-        held = self._held.setdefault(replica, set())
+        bit = self._bit.get(replica) or self._join(replica)
+        held, holders, child = self._held[replica], self._holders, self._child
         prev = parent
         for h in block_hashes:
             if prev is not None:
-                children = self._children.get(prev)
-                if children is None:
-                    self._children[prev] = {h}
-                elif len(children) < self.fanout_cap:
-                    children.add(h)
+                first = child.setdefault(prev, h)
+                if first != h:
+                    self._branch(prev, h)
             prev = h
-            held.add(h)
-            holders = self._holders.get(h)
-            if holders is None:
-                self._holders[h] = {replica}
-            else:
-                holders.add(replica)
+            held[h] = None
+            holders[h] = holders.get(h, 0) | bit
+
+    def _branch(self, parent: int, h: int) -> None:
+        """Counts `h` among `parent`'s children after its first, up to the fan-out cap."""
+        more = self._more.get(parent)
+        if more is None:
+            if self.fanout_cap > 1:
+                self._more[parent] = {h}
+        elif len(more) < self.fanout_cap - 1:
+            more.add(h)
+
+    def _join(self, replica: str) -> int:
+        """Gives a replica new to the index the lowest free bit and an empty held set."""
+        free = ~self._everyone
+        bit = free & -free
+        self._bit[replica], self._name[bit] = bit, replica
+        self._everyone |= bit
+        self._held[replica] = {}
+        return bit
 
     def restore_children(self, parent: int, children: Iterable[int]) -> None:
         """Records `children` as blocks seen after `parent` (up to the fan-out cap), as a copy of
         another index's fan-out is loaded; changes only `parent`'s fan-out."""
-        known = self._children.setdefault(parent, set())
         for h in children:
-            if len(known) >= self.fanout_cap:
-                break
-            known.add(h)
+            if self._child.setdefault(parent, h) != h:
+                self._branch(parent, h)
 
     def apply_removed(self, replica: str, block_hashes: Iterable[int]) -> None:
         """Record that ``replica`` evicted ``block_hashes``. Unknown hashes are ignored."""
         held = self._held.get(replica)
         if held is None:
             return
+        bit = self._bit[replica]
         for h in block_hashes:
             if h in held:
-                held.discard(h)
-                self._drop_holder(h, replica)
+                del held[h]
+                self._drop_holder(h, bit)
 
     def apply_cleared(self, replica: str) -> None:
         """Record that ``replica`` dropped every block; it stays known (empty)."""
-        for h in self._held.get(replica, ()):
-            self._drop_holder(h, replica)
-        self._held[replica] = set()
+        if replica not in self._held:
+            return
+        bit = self._bit[replica]
+        for h in self._held[replica]:
+            self._drop_holder(h, bit)
+        self._held[replica] = {}
 
     def remove_replica(self, replica: str) -> None:
-        """Forget ``replica`` entirely (it died or left the pool); unknown replicas are ignored."""
+        """Forget ``replica`` entirely (it died or left the pool); unknown replicas are ignored.
+        Its bit, cleared from every block, goes to the next replica that joins."""
+        if replica not in self._held:
+            return
         self.apply_cleared(replica)
         del self._held[replica]
+        bit = self._bit.pop(replica)
+        del self._name[bit]
+        self._everyone &= ~bit
 
     def snapshot(self, block_hashes: Sequence[int]):
         """An IndexSnapshot of ``block_hashes`` (what the Redis backend hands the policy)."""
-        return IndexSnapshot(block_hashes, [set(self._holders.get(h, ())) for h in block_hashes],
+        return IndexSnapshot(block_hashes, [set(self._names(self._holders.get(h, 0))) for h in block_hashes],
                              [self.fanout(h) for h in block_hashes])
 
     # ---- queries (change nothing) -----------------------------------------
@@ -109,34 +144,45 @@ class PrefixIndex(KVIndex):
         result: dict[str, int] = {}
         if not block_hashes:
             return result
-        first = self._holders.get(block_hashes[0])
-        if not first:
+        holders = self._holders
+        active = holders.get(block_hashes[0], 0)  # the replicas holding every block so far
+        if not active:
             return result
-        active = set(first)
-        everyone = len(self._held)  # a block every known replica holds is held by all of ``active``
         n, total = 1, len(block_hashes)  # n: leading blocks every replica in ``active`` holds
-        while len(active) > 1 and n < total:
-            holders = self._holders.get(block_hashes[n])
-            if not holders:
-                break
-            # The subset test is O(active) per block: a system prompt that 64 replicas hold made
-            # it most of a decision's match (bench scale --part control).
-            if len(holders) != everyone and not active <= holders:
-                for r in active - holders:
-                    result[r] = n
-                active &= holders
-                if not active:
-                    return result
-            n += 1
-        if len(active) == 1:  # a conversation's own blocks, on one replica: its held set alone
-            held = self._held[next(iter(active))]  # (a third of the per-block cost above)
+        if active & (active - 1):  # more than one replica
+            while n < total:
+                held_by = holders.get(block_hashes[n], 0)
+                if held_by != active and (gone := active & ~held_by):  # (most blocks: the same holders)
+                    for r in self._names(gone):
+                        result[r] = n
+                    active ^= gone
+                    if not active:
+                        return result
+                    if not active & (active - 1):  # one left: it holds this block too
+                        n += 1
+                        break
+                n += 1
+        if not active & (active - 1):  # a conversation's own blocks, on one replica: its held set alone
+            held = self._held[self._name[active]]  # (a third of the per-block cost above)
             for h in islice(block_hashes, n, None):
                 if h not in held:
                     break
                 n += 1
-        for r in active:
+        for r in self._names(active):
             result[r] = n
         return result
+
+    def _names(self, mask: int) -> list[str]:
+        """The replicas whose bits are in `mask`: bit by bit where they are few, else by a scan of
+        every replica's bit (the 63 a conversation's first own block leaves behind)."""
+        if mask.bit_count() * 4 > len(self._name):
+            return [r for bit, r in self._name.items() if bit & mask]
+        out, name = [], self._name
+        while mask:
+            low = mask & -mask
+            out.append(name[low])
+            mask ^= low
+        return out
 
     def known_blocks(self) -> Container[int]:
         """The hashes some replica holds, as a live view for `in` tests (no copy)."""
@@ -144,7 +190,7 @@ class PrefixIndex(KVIndex):
 
     def fanout(self, block_hash: int) -> int:
         """Distinct child blocks seen after ``block_hash`` (at most ``fanout_cap``)."""
-        return len(self._children.get(block_hash, ()))
+        return (block_hash in self._child) + len(self._more.get(block_hash, ()))
 
     def shared_prefix_len(self, block_hashes: Sequence[int], min_fanout: int, start: int = 0) -> int:
         """The part of the prompt many conversations share, in blocks (`shared_head` of the
@@ -154,7 +200,11 @@ class PrefixIndex(KVIndex):
 
     def num_holders(self, block_hash: int) -> int:
         """How many replicas hold ``block_hash``."""
-        return len(self._holders.get(block_hash, ()))
+        return self._holders.get(block_hash, 0).bit_count()
+
+    def holds(self, replica: str, block_hash: int) -> bool:
+        """Whether ``replica`` holds ``block_hash``."""
+        return block_hash in self._held.get(replica, ())
 
     def num_blocks(self, replica: str) -> int:
         """How many blocks ``replica`` holds according to the index."""
@@ -164,14 +214,17 @@ class PrefixIndex(KVIndex):
         """Replicas holding at least one block, in the order the index first heard of them."""
         return [r for r, held in self._held.items() if held]
 
-    def _drop_holder(self, h: int, replica: str) -> None:
-        holders = self._holders.get(h)
-        if holders is None:
+    def _drop_holder(self, h: int, bit: int) -> None:
+        mask = self._holders.get(h)
+        if mask is None:
             return
-        holders.discard(replica)
-        if not holders:
+        mask &= ~bit
+        if mask:
+            self._holders[h] = mask
+        else:
             del self._holders[h]
-            self._children.pop(h, None)
+            self._child.pop(h, None)
+            self._more.pop(h, None)
 
 
 class IndexSnapshot(PrefixIndex):

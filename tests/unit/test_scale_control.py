@@ -28,3 +28,14 @@ def test_summary_in_ms():
     assert s["n"] == 100 and s["p50_ms"] == 1.0 and s["max_ms"] == 10.0
     assert 1.0 < s["p99_ms"] <= 10.0
     assert latency_summary([]) == {"n": 0}
+
+
+def test_the_heap_figure_builds_an_index_and_times_a_full_collection():
+    """bench/scale/index_heap.py at a small size, with this tree's prefix_index.py loaded from its
+    file as a baseline would be: the figure's fields, and no tracked object per block."""
+    import routing.prefix.prefix_index as this
+    from bench.scale.index_heap import index_class, measure
+
+    out = measure(index_class(this.__file__), replicas=4, blocks_per_replica=1000, progress=False)
+    assert out["blocks_stored"] >= 4000 and out["apply_blocks_per_s"] > 0
+    assert out["full_collection_ms"] >= 0 and out["tracked_objects_added"] < 50
