@@ -124,13 +124,31 @@ def _redis_cmds(client) -> int | None:
     return None if client is None else int(client.info("stats")["total_commands_processed"])
 
 
+def full_collections(url: str) -> tuple[float, float] | None:
+    """(full collections, seconds they held the process) so far of the front that answers `url`'s
+    /metrics (`baton_gc_pause_seconds`, deployments/gc_pauses.py); None where the system has no such
+    series (`vllm serve`, Ray Serve LLM)."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    got = {}
+    for line in text.splitlines():
+        if line.startswith(("baton_gc_pause_seconds_count{", "baton_gc_pause_seconds_sum{")) \
+                and 'generation="2"' in line:
+            got[line.split("{")[0].rsplit("_", 1)[1]] = float(line.rsplit(" ", 1)[1])
+    return (got["count"], got["sum"]) if len(got) == 2 else None
+
+
 def measure_rate(url: str, pid: int, redis, args, rate: float, seed: int) -> dict:
     """One rate's load through a running system, with its CPU and Redis costs."""
     n = max(20, int(rate * args.duration))
     bodies = scale_load.chat_bodies(n, args.words, args.max_tokens, args.model, args.stream, seed)
-    cpu0, cmds0 = cpu_by_role(pid), _redis_cmds(redis)
+    cpu0, cmds0, gc0 = cpu_by_role(pid), _redis_cmds(redis), full_collections(url)
     shots, wall = scale_load.run(url, bodies, rate, seed=seed)
-    cpu1, cmds1 = cpu_by_role(pid), _redis_cmds(redis)
+    cpu1, cmds1, gc1 = cpu_by_role(pid), _redis_cmds(redis), full_collections(url)
     out = scale_load.summarize(shots, wall, rate, args.slo_ms / 1000)
     done = max(out["ok"], 1)
     cpu = {role: round((cpu1.get(role, 0) - cpu0.get(role, 0)) / done * 1000, 3) for role in cpu1}
@@ -139,6 +157,8 @@ def measure_rate(url: str, pid: int, redis, args, rate: float, seed: int) -> dic
     out["requests_per_front_cpu_s"] = round(1000 / front_ms, 1) if front_ms else None
     if cmds0 is not None:
         out["redis_cmds_per_request"] = round((cmds1 - cmds0) / done, 2)
+    if gc0 is not None and gc1 is not None:  # the front's full garbage collections meanwhile
+        out["full_gc"] = {"count": int(gc1[0] - gc0[0]), "held_ms": round((gc1[1] - gc0[1]) * 1000, 1)}
     return out
 
 
@@ -156,7 +176,7 @@ def sweep(system: str, workdir: Path, args, engine: dict) -> list[dict]:
             rows.append(row)
             print(f"    {rate:>6.0f} req/s offered: goodput {row['goodput_rps']:.1f}, p99 {row['latency_p99_ms']} ms, "
                   f"added p99 {row['added_p99_ms']} ms, front {row['requests_per_front_cpu_s']} req/CPU-s, "
-                  f"errors {row['errors']}", file=sys.stderr, flush=True)
+                  f"errors {row['errors']}, full GCs {row.get('full_gc')}", file=sys.stderr, flush=True)
             if row["goodput_rps"] < best * 1.02 and row["goodput_rps"] < 0.9 * rate:
                 break  # past the knee: goodput stopped rising
             best = max(best, row["goodput_rps"])

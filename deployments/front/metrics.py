@@ -16,6 +16,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from deployments import gc_pauses
+
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -44,6 +46,8 @@ class IngressMetrics:
                                 buckets=fine, registry=r)
         self.route_s = Histogram("baton_route_seconds", "routing decision incl. its Redis round trip (PD)",
                                buckets=fine, registry=r)
+        self.gc_pauses = Histogram("baton_gc_pause_seconds", "the garbage collector's pauses (deployments/gc_pauses.py)",
+                                   ["generation"], buckets=fine + (0.25, 0.5, 1.0), registry=r)
         self.permits = Gauge("baton_permits_in_use", "engine permits held", ["tenant"], registry=r)
         self.shed = Counter("baton_shed_total", "requests rejected with 429", ["tenant", "reason"], registry=r)
         self.admitted = Counter("baton_admitted_total", "requests given an engine permit", ["tenant"], registry=r)
@@ -134,9 +138,12 @@ class IngressMetrics:
             self.predictions.labels(outcome).inc()
 
     def render(self) -> bytes:
-        """The exposition text; first runs ``before_render`` (gauges read on demand)."""
+        """The exposition text; first runs ``before_render`` (gauges read on demand) and adds the
+        process's garbage-collection pauses since the last render (deployments/gc_pauses.py)."""
         if self.before_render is not None:
             self.before_render()
+        for generation, seconds in gc_pauses.drain():
+            self.gc_pauses.labels(str(generation)).observe(seconds)
         return generate_latest(self.registry)
 
 

@@ -1,0 +1,65 @@
+"""The cyclic garbage collector's pauses of a replica's process.
+
+Each full collection traverses every object the collector tracks, and holds the
+GIL, so the process's event loop (its requests, its routing decisions) stops
+while it runs. Ray Serve freezes a replica's start-up heap once the replica is
+up (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, as `vllm serve` does with its own: vLLM,
+torch, Ray and the app are ~756k objects, whose full collection took 321-326 ms
+here), so what a full collection traverses is what came later: what requests
+leave behind, and the KV index and pins a front keeps from their feeds, which
+therefore hold no per-block or per-session object the collector tracks
+(routing/prefix/prefix_index.py).
+
+`watch` times every collection of the process; `drain` hands the pauses to
+the front's metrics when they are read (`baton_gc_pause_seconds`; `baton bench
+scale` reports the full ones at each rate). A full one that held the process
+longer than LOG_FULL_S is logged. The callback touches no lock a Prometheus
+metric takes: a collection can start inside one, on the same thread.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections import deque
+
+logger = logging.getLogger(__name__)
+
+LOG_FULL_S = 0.05  # a full collection held the process this long: a warning in the replica's log
+
+KEPT = 4096  # pauses kept until the next `drain`, the latest
+_started: list[float] = []
+_pauses: deque[tuple[int, float]] = deque(maxlen=KEPT)
+_watching = [False]
+
+
+def watch() -> None:
+    """Times every collection of this process from now on (once per process, however often it
+    is called). Changes `gc.callbacks`."""
+    if not _watching[0]:
+        gc.callbacks.append(_timed)
+        _watching[0] = True
+
+
+def drain() -> list[tuple[int, float]]:
+    """(generation, seconds) of each collection since the last call (at most the last KEPT), oldest
+    first; forgets them."""
+    out = []
+    while _pauses:
+        out.append(_pauses.popleft())
+    return out
+
+
+def _timed(phase: str, info: dict) -> None:
+    if phase == "start":
+        _started[:] = [time.perf_counter()]
+        return
+    if not _started:
+        return
+    seconds = time.perf_counter() - _started[0]
+    generation = info.get("generation", 0)
+    _pauses.append((generation, seconds))
+    if generation == 2 and seconds > LOG_FULL_S:
+        logger.warning("a full garbage collection held this process %.0f ms (%d objects frozen before it)",
+                       seconds * 1000, gc.get_freeze_count())
