@@ -57,7 +57,7 @@ from pathlib import Path
 
 from actors.sim.profile import GpuProfile
 from bench.scale.control_seed import TENANTS, log, random_tokens, redis_usage, register_replicas, replica_names
-from bench.scale.index_heap import run_heap
+from bench.scale.front_heap import run_heap
 from bench.scale.scale_indexer import run_indexer
 from common.config import BatonConfig, RedisConfig
 from common.processes import free_ports, redis_process
@@ -212,7 +212,7 @@ def run(replicas: int = 64, sessions: int = 10_000, decisions: int = 20_000, sec
     """Both figures (see the module's docstring) against a redis-server of its own, which keeps its
     writes as `baton up`'s does (redis.appendfsync); the heap figure needs no Redis."""
     if parts == ("heap",):
-        return {"heap": run_heap(replicas, progress, baseline)}
+        return {"heap": run_heap(replicas, sessions, progress, baseline)}
     host, (port, events_port) = "127.0.0.1", free_ports(2)
     bs = GpuProfile.load().block_size
     cfg = _config(f"redis://{host}:{port}/0", events_port, replicas, bs)
@@ -240,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the engines publish")
     ap.add_argument("--busy", type=float, default=0.7, help="share of each engine's time the chat load uses")
     ap.add_argument("--only", choices=("routing", "indexer", "heap"), help="one figure only (heap: a front's "
-                    "copy of the index at every engine's full KV, bench/scale/index_heap.py)")
-    ap.add_argument("--baseline", help="heap: a prefix_index.py to measure beside this tree's (A B B A)")
+                    "index at every engine's full KV, pins and memo, bench/scale/front_heap.py)")
+    ap.add_argument("--baseline", help="heap: a git revision whose index, pins and memo to measure beside this "
+                    "tree's (A B B A)")
     ap.add_argument("--appendfsync", choices=("always", "everysec", "off"), default=RedisConfig().appendfsync,
                     help="Redis's persistence (redis.appendfsync; default: `baton up`'s)")
     ap.add_argument("--publishers", type=int, default=1, help="processes the simulated engines' publishers share")

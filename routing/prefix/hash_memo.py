@@ -35,7 +35,8 @@ class HashMemo:
         if block_size <= 0 or max_tokens < 0:
             raise ValueError("block_size must be > 0 and max_tokens >= 0")
         self.bs, self.max_bytes = block_size, 8 * max_tokens
-        self._entries: OrderedDict[tuple, tuple[bytes, list[int]]] = OrderedDict()
+        # (packed tokens, hashes as a tuple: ints in tuples are not the cyclic collector's to traverse)
+        self._entries: OrderedDict[tuple, tuple[bytes, tuple[int, ...]]] = OrderedDict()
         self._bytes = 0
         self.reused_blocks = 0  # blocks whose hash came from the memo, for tests and metrics
         self.hashed_blocks = 0
@@ -52,7 +53,7 @@ class HashMemo:
         prev = (self._entries.get((salt, session)) if session is not None else None) or self._entries.get((salt,))
         packed, k = self._reusable(token_ids, n_full, prev)
         m = len(packed) // width  # blocks packed so far
-        out = prev[1][:k] if k else []
+        out = list(prev[1][:k]) if k else []
         pos, chunk = k, CHUNK_BLOCKS
         while pos < n_full:
             end = min(n_full, max(pos + chunk, m))
@@ -66,9 +67,10 @@ class HashMemo:
         packed = packed[:len(out) * width]
         self.reused_blocks += k
         self.hashed_blocks += len(out) - k
+        kept = tuple(out)
         if session is not None:
-            self._put((salt, session), packed, out)
-        self._put((salt,), packed, out)
+            self._put((salt, session), packed, kept)
+        self._put((salt,), packed, kept)
         return out
 
     def _reusable(self, token_ids: Sequence[int], n_full: int, prev: tuple | None) -> tuple[bytes, int]:
@@ -89,7 +91,7 @@ class HashMemo:
             pos, chunk = end, 2 * chunk
         return b"".join(parts), m
 
-    def _put(self, key: tuple, packed: bytes, hashes: list[int]) -> None:
+    def _put(self, key: tuple, packed: bytes, hashes: tuple[int, ...]) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
             self._bytes -= len(old[0])

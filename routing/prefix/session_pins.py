@@ -13,35 +13,34 @@ and the in-process implementation.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-
-
-@dataclass
-class _Pin:
-    replica: str
-    expires_at: float
 
 
 class SessionPins:
-    """Session -> replica pins with TTL and a re-pin counter."""
+    """Session -> replica pins with TTL and a re-pin counter.
+
+    Two dicts of strings and floats, not an object per pin: Python's cyclic collector tracks
+    neither (a front keeps every live session's pins, deployments/front/pin_feed.py; 200k pins as
+    objects were 20 ms of each full collection, which stops the front while it runs)."""
 
     def __init__(self, ttl_s: float = 600.0) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.ttl_s = ttl_s
         self.repins = 0  # pins moved from one live replica entry to another
-        self._pins: dict[str, _Pin] = {}
+        self._replica: dict[str, str] = {}  # session -> its replica
+        self._expires: dict[str, float] = {}  # session -> when its pin expires
         self._held: Counter[str] = Counter()  # replica -> pins held, expired ones not yet dropped included
 
-    def _set(self, session: str, pin: _Pin) -> None:
-        old = self._pins.get(session)
+    def _set(self, session: str, replica: str, expires_at: float) -> None:
+        old = self._replica.get(session)
         if old is not None:
-            self._held[old.replica] -= 1
-        self._pins[session] = pin
-        self._held[pin.replica] += 1
+            self._held[old] -= 1
+        self._replica[session], self._expires[session] = replica, expires_at
+        self._held[replica] += 1
 
     def _drop(self, session: str) -> None:
-        self._held[self._pins.pop(session).replica] -= 1
+        del self._expires[session]
+        self._held[self._replica.pop(session)] -= 1
 
     def held(self, replica: str) -> int:
         """Pins to ``replica``, counting expired ones until a read or ``expire`` drops them. Changes nothing."""
@@ -52,14 +51,14 @@ class SessionPins:
 
         Changes: drops the pin if it expired; otherwise refreshes its TTL.
         """
-        pin = self._pins.get(session)
-        if pin is None:
+        replica = self._replica.get(session)
+        if replica is None:
             return None
-        if pin.expires_at <= now:
+        if self._expires[session] <= now:
             self._drop(session)
             return None
-        pin.expires_at = now + self.ttl_s
-        return pin.replica
+        self._expires[session] = now + self.ttl_s
+        return replica
 
     def pin(self, session: str, replica: str, now: float) -> bool:
         """Pin ``session`` to ``replica`` until ``now + ttl``.
@@ -67,41 +66,40 @@ class SessionPins:
         Returns True when this moved an unexpired pin to a different replica
         (a re-pin); the re-pin counter is then incremented.
         """
-        old = self._pins.get(session)
-        moved = old is not None and old.expires_at > now and old.replica != replica
+        old = self._replica.get(session)
+        moved = old is not None and self._expires[session] > now and old != replica
         if moved:
             self.repins += 1
-        self._set(session, _Pin(replica, now + self.ttl_s))
+        self._set(session, replica, now + self.ttl_s)
         return moved
 
     def peek(self, session: str, now: float) -> str | None:
         """The pinned replica, or None if absent or expired at ``now``. Changes nothing."""
-        pin = self._pins.get(session)
-        return pin.replica if pin is not None and pin.expires_at > now else None
+        replica = self._replica.get(session)
+        return replica if replica is not None and self._expires[session] > now else None
 
     def expires_at(self, session: str) -> float | None:
         """When the session's pin expires (it may have already), or None without one. Changes nothing."""
-        pin = self._pins.get(session)
-        return pin.expires_at if pin is not None else None
+        return self._expires.get(session)
 
     def put(self, session: str, replica: str, expires_at: float) -> None:
         """Sets the pin as another holder of the pins wrote it: to ``replica`` until ``expires_at``
         (a copy kept from a feed). Counts no re-pin."""
-        self._set(session, _Pin(replica, expires_at))
+        self._set(session, replica, expires_at)
 
     def expire(self, now: float) -> int:
         """Drop every pin expired at ``now``; return how many were dropped."""
-        dead = [s for s, p in self._pins.items() if p.expires_at <= now]
+        dead = [s for s, t in self._expires.items() if t <= now]
         for s in dead:
             self._drop(s)
         return len(dead)
 
     def forget_replica(self, replica: str) -> int:
         """Drop every pin to ``replica`` (it died or left); return how many."""
-        dead = [s for s, p in self._pins.items() if p.replica == replica]
+        dead = [s for s, r in self._replica.items() if r == replica]
         for s in dead:
             self._drop(s)
         return len(dead)
 
     def __len__(self) -> int:
-        return len(self._pins)
+        return len(self._replica)

@@ -30,12 +30,19 @@ def test_summary_in_ms():
     assert latency_summary([]) == {"n": 0}
 
 
-def test_the_heap_figure_builds_an_index_and_times_a_full_collection():
-    """bench/scale/index_heap.py at a small size, with this tree's prefix_index.py loaded from its
-    file as a baseline would be: the figure's fields, and no tracked object per block."""
-    import routing.prefix.prefix_index as this
-    from bench.scale.index_heap import index_class, measure
+def test_the_heap_figure_builds_a_fronts_state_and_times_a_full_collection():
+    """bench/scale/front_heap.py at a small size, with this tree's classes and, as a baseline, the
+    same classes read back from git at HEAD: the figure's fields, and no tracked object per block
+    or per session."""
+    import tempfile
+    from pathlib import Path
 
-    out = measure(index_class(this.__file__), replicas=4, blocks_per_replica=1000, progress=False)
-    assert out["blocks_stored"] >= 4000 and out["apply_blocks_per_s"] > 0
-    assert out["full_collection_ms"] >= 0 and out["tracked_objects_added"] < 50
+    from bench.scale.front_heap import measure, state_classes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for rev in (None, "HEAD"):
+            out = measure(state_classes(rev, Path(tmp)), replicas=4, blocks_per_replica=1000, sessions=2000,
+                          progress=False)
+            assert out["blocks_stored"] >= 4000 and out["index_apply_blocks_per_s"] > 0
+            if rev is None:
+                assert out["full_collection_ms"] >= 0 and out["tracked_objects_added"] < 100
