@@ -20,7 +20,8 @@ class SessionPins:
 
     Two dicts of strings and floats, not an object per pin: Python's cyclic collector tracks
     neither (a front keeps every live session's pins, deployments/front/pin_feed.py; 200k pins as
-    objects were 20 ms of each full collection, which stops the front while it runs)."""
+    objects, with a full hash memo, were 22 ms of each full collection, which stops the front while
+    it runs: 1.2 ms as dicts, with the memo's hashes as tuples)."""
 
     def __init__(self, ttl_s: float = 600.0) -> None:
         if ttl_s <= 0:
