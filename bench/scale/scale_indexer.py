@@ -5,6 +5,7 @@ at their profiled rate to the real KV indexer, and a prober times until routing'
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing
 import random
 import time
@@ -139,6 +140,10 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
         children.append(ctx.Process(target=_publisher_main, args=(spec, start, probes, out), daemon=True))
     for child in children:
         child.start()
+    # As Ray Serve does once the indexer's replica is up (RAY_SERVE_FREEZE_GC_ON_STARTUP): what this
+    # process holds now, the bench's own included, is out of the collector's later full collections.
+    gc.collect()
+    gc.freeze()
     before, cpu0 = redis_usage(sync), time.process_time()  # this process's CPU: the indexer's thread
     try:
         got = [out.get(timeout=seconds + 120) for _ in range(parts)]
@@ -154,6 +159,7 @@ def run_indexer(cfg: BatonConfig, engines: int, seconds: float, busy: float, pro
         loop.stop()
         loop.thread.join(5)
         loop.sock.close(linger=0)
+        gc.unfreeze()
     totals = loop.totals()
     lags = sorted(res["lags_ms"])
     return {"engines": engines, "profile": profile.name, "busy": busy, "per_engine": rates,
