@@ -57,7 +57,7 @@ from pathlib import Path
 
 from actors.sim.profile import GpuProfile
 from bench.scale.control_seed import TENANTS, log, random_tokens, redis_usage, register_replicas, replica_names
-from bench.scale.front_heap import run_heap
+from bench.scale.routing_heap import run_heap
 from bench.scale.scale_indexer import run_indexer
 from common.config import BatonConfig, RedisConfig
 from common.processes import free_ports, redis_process
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the engines publish")
     ap.add_argument("--busy", type=float, default=0.7, help="share of each engine's time the chat load uses")
     ap.add_argument("--only", choices=("routing", "indexer", "heap"), help="one figure only (heap: a front's "
-                    "index at every engine's full KV, pins and memo, bench/scale/front_heap.py)")
+                    "index at every engine's full KV, pins and memo, bench.scale.routing_heap.py)")
     ap.add_argument("--baseline", help="heap: a git revision whose index, pins and memo to measure beside this "
                     "tree's (A B B A)")
     ap.add_argument("--appendfsync", choices=("always", "everysec", "off"), default=RedisConfig().appendfsync,

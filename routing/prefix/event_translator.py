@@ -79,6 +79,13 @@ class BlockMap:
         for h, v in entries.items():
             self.baton[h], self.salt[h], self.parent[h] = v[0], v[1], v[2] if len(v) > 2 else None
 
+    def add(self, engine_hashes: Sequence[Any], batons: Sequence[int], salt: str | None,
+            parents: Sequence[int | None]) -> None:
+        """Sets the blocks of one event: engine hash i -> (batons[i], salt, parents[i])."""
+        self.baton.update(zip(engine_hashes, batons))
+        self.salt.update(dict.fromkeys(engine_hashes, salt))
+        self.parent.update(zip(engine_hashes, parents))
+
     def pop(self, h: Any) -> int:
         """Forgets `h`; returns its Baton hash."""
         del self.salt[h], self.parent[h]
@@ -101,6 +108,7 @@ class EventTranslator:
     _store: dict[Any, int] = field(default_factory=dict)
     _saved_by: dict[Any, int] = field(default_factory=dict)
     _bits: dict[str, int] = field(default_factory=dict)  # replica -> its bit in `_saved_by`
+    _named: dict[int, list[str]] = field(default_factory=dict)  # `_names`' answers while `_bits` holds
 
     def _bit(self, replica: str) -> int:
         bit = self._bits.get(replica)
@@ -109,10 +117,15 @@ class EventTranslator:
             for b in self._bits.values():
                 taken |= b
             bit = self._bits[replica] = ~taken & (taken + 1)  # the lowest free bit
+            self._named.clear()
         return bit
 
     def _names(self, mask: int) -> list[str]:
-        return sorted(r for r, b in self._bits.items() if b & mask)
+        """The replicas of `mask`, sorted (a new list)."""
+        named = self._named.get(mask)
+        if named is None:
+            named = self._named[mask] = sorted(r for r, b in self._bits.items() if b & mask)
+        return list(named)
 
     def _log(self, op: Op) -> None:
         if self.journal is not None:
@@ -156,9 +169,10 @@ class EventTranslator:
             salt = salt_of(extra_keys[0]) if extra_keys else None
         n = len(engine_hashes) * self.block_size
         out = hash_blocks(token_ids[:n], self.block_size, salt, baton_parent, self.hash_fn)
-        new = {eh: (h, salt, p) for eh, h, p in zip(engine_hashes, out, [baton_parent, *out[:-1]])}
-        m.update(new)
-        self._log(("set", replica, new))
+        parents = [baton_parent, *out[:-1]]
+        m.add(engine_hashes, out, salt, parents)
+        if self.journal is not None:
+            self._log(("set", replica, {eh: (h, salt, p) for eh, h, p in zip(engine_hashes, out, parents)}))
         return Translated(out, baton_parent)
 
     def known(self, replica: str, engine_hashes: Sequence[Any]) -> list[int]:
@@ -202,6 +216,7 @@ class EventTranslator:
         out: list[int] = []
         gone, kept = [], {}
         bit = self._bits.pop(replica, 0)  # free for the next replica: no block keeps it
+        self._named.clear()
         for h, by in list(self._saved_by.items()):
             if not by & bit:
                 continue

@@ -30,19 +30,21 @@ def test_summary_in_ms():
     assert latency_summary([]) == {"n": 0}
 
 
-def test_the_heap_figure_builds_a_fronts_state_and_times_a_full_collection():
-    """bench/scale/front_heap.py at a small size, with this tree's classes and, as a baseline, the
+def test_the_heap_figure_builds_a_fronts_and_the_indexers_state_and_times_full_collections():
+    """bench/scale/routing_heap.py at a small size, with this tree's classes and, as a baseline, the
     same classes read back from git at HEAD: the figure's fields, and no tracked object per block
     or per session."""
     import tempfile
     from pathlib import Path
 
-    from bench.scale.front_heap import measure, state_classes
+    from bench.scale.routing_heap import _fill, _fill_indexer, measure, state_classes
 
     with tempfile.TemporaryDirectory() as tmp:
         for rev in (None, "HEAD"):
-            out = measure(state_classes(rev, Path(tmp)), replicas=4, blocks_per_replica=1000, sessions=2000,
-                          progress=False)
-            assert out["blocks_stored"] >= 4000 and out["index_apply_blocks_per_s"] > 0
-            if rev is None:
-                assert out["full_collection_ms"] >= 0 and out["tracked_objects_added"] < 100
+            classes = state_classes(rev, Path(tmp))
+            front = measure(lambda p: _fill(classes, 4, 1000, 2000, p), 4, progress=False)
+            indexer = measure(lambda p: _fill_indexer(classes, 4, 1000, p), 4, progress=False)
+            for out in (front, indexer):
+                assert out["blocks"] >= 4000 and out["blocks_per_s"] > 0 and out["full_collection_ms"] >= 0
+                if rev is None:
+                    assert out["tracked_objects_added"] < 100, out
