@@ -84,7 +84,7 @@ class PrefixIndex(KVIndex):
             more.add(h)
 
     def _join(self, replica: str) -> int:
-        """Gives a replica new to the index the lowest free bit and an empty held set."""
+        """Gives a replica new to the index the lowest free bit and no blocks."""
         free = ~self._everyone
         bit = free & -free
         self._bit[replica], self._name[bit] = bit, replica
