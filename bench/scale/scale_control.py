@@ -239,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=20_000, help="timed routing decisions")
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the engines publish")
     ap.add_argument("--busy", type=float, default=0.7, help="share of each engine's time the chat load uses")
-    ap.add_argument("--only", choices=("routing", "indexer", "heap"), help="one figure only (heap: a front's "
-                    "index at every engine's full KV, pins and memo, bench.scale.routing_heap.py)")
-    ap.add_argument("--baseline", help="heap: a git revision whose index, pins and memo to measure beside this "
-                    "tree's (A B B A)")
+    ap.add_argument("--only", choices=("routing", "indexer", "heap"), help="one figure only (heap: the routing "
+                    "state a front and the indexer keep at every engine's full KV, bench/scale/routing_heap.py)")
+    ap.add_argument("--baseline", help="heap: a git revision whose index, pins, memo and translator to measure "
+                    "beside this tree's (A B B A)")
     ap.add_argument("--appendfsync", choices=("always", "everysec", "off"), default=RedisConfig().appendfsync,
                     help="Redis's persistence (redis.appendfsync; default: `baton up`'s)")
     ap.add_argument("--publishers", type=int, default=1, help="processes the simulated engines' publishers share")
