@@ -31,15 +31,13 @@ LOG_FULL_S = 0.05  # a full collection held the process this long: a warning in 
 KEPT = 4096  # pauses kept until the next `drain`, the latest
 _started: list[float] = []
 _pauses: deque[tuple[int, float]] = deque(maxlen=KEPT)
-_watching = [False]
 
 
 def watch() -> None:
     """Times every collection of this process from now on (once per process, however often it
     is called). Changes `gc.callbacks`."""
-    if not _watching[0]:
+    if _timed not in gc.callbacks:
         gc.callbacks.append(_timed)
-        _watching[0] = True
 
 
 def drain() -> list[tuple[int, float]]:

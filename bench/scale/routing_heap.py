@@ -87,23 +87,21 @@ def _fill(classes: dict, replicas: int, blocks_per_replica: int, sessions: int, 
 def _fill_indexer(classes: dict, replicas: int, blocks_per_replica: int, progress: bool) -> tuple:
     rng, translator = random.Random(6), classes["EventTranslator"](16)
     tokens = [rng.randrange(VOCAB) for _ in range(CHAIN_BLOCKS * 16)]
-    t0, stored = time.perf_counter(), 0
-    for i, name in enumerate(replica_names(replicas)):
-        for k in range(blocks_per_replica // CHAIN_BLOCKS + 1):  # the last, a few blocks: a change
-            engine = [rng.getrandbits(63) for _ in range(CHAIN_BLOCKS if k * CHAIN_BLOCKS < blocks_per_replica
-                                                            else 3)]
-            translator.stored(name, engine, None, tokens[:len(engine) * 16], [(f"t{k % TENANTS}",)])
-            translator.store_stored(name, engine[:len(engine) // 3])
-            stored += len(engine)
+    t0, stored, names = time.perf_counter(), 0, replica_names(replicas)
+
+    def event(name: str, blocks: int, tenant: int) -> None:  # one BlockStored, a third saved to the store
+        engine = [rng.getrandbits(63) for _ in range(blocks)]
+        translator.stored(name, engine, None, tokens[:blocks * 16], [(f"t{tenant % TENANTS}",)])
+        translator.store_stored(name, engine[:max(1, blocks // 3)])
+
+    for i, name in enumerate(names):
+        for k in range(-(-blocks_per_replica // CHAIN_BLOCKS)):
+            event(name, CHAIN_BLOCKS, k)
+            stored += CHAIN_BLOCKS
         if i % 16 == 15:
             log(progress, f"heap: {i + 1}/{replicas} engines' block maps kept")
     build_s = time.perf_counter() - t0
-
-    def change() -> None:
-        engine = [rng.getrandbits(63) for _ in range(3)]
-        translator.stored(name, engine, None, tokens[:48], [("t0",)])
-        translator.store_stored(name, engine)
-    return (translator,), stored, build_s, change
+    return (translator,), stored, build_s, lambda: event(names[-1], 3, 0)
 
 
 def measure(fill, replicas: int, progress: bool) -> dict:

@@ -130,16 +130,16 @@ def full_collections(url: str) -> tuple[float, float] | None:
     series (`vllm serve`, Ray Serve LLM)."""
     import urllib.request
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
     except OSError:
         return None
-    got = {}
-    for line in text.splitlines():
-        if line.startswith(("baton_gc_pause_seconds_count{", "baton_gc_pause_seconds_sum{")) \
-                and 'generation="2"' in line:
-            got[line.split("{")[0].rsplit("_", 1)[1]] = float(line.rsplit(" ", 1)[1])
-    return (got["count"], got["sum"]) if len(got) == 2 else None
+    got = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+           if s.name in ("baton_gc_pause_seconds_count", "baton_gc_pause_seconds_sum")
+           and s.labels.get("generation") == "2"}
+    return (got["baton_gc_pause_seconds_count"], got["baton_gc_pause_seconds_sum"]) if len(got) == 2 else None
 
 
 def measure_rate(url: str, pid: int, redis, args, rate: float, seed: int) -> dict:

@@ -16,7 +16,6 @@ def watching():
     gc_pauses.watch()  # a second call adds no second callback
     yield
     gc.callbacks.remove(gc_pauses._timed)
-    gc_pauses._watching[0] = False
     gc_pauses.drain()
 
 
