@@ -114,9 +114,7 @@ class EventTranslator:
     def _bit(self, replica: str) -> int:
         bit = self._bits.get(replica)
         if bit is None:
-            taken = 0
-            for b in self._bits.values():
-                taken |= b
+            taken = sum(self._bits.values())  # distinct powers of two
             bit = self._bits[replica] = ~taken & (taken + 1)  # the lowest free bit
             self._named.clear()
         return bit

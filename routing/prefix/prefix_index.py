@@ -50,7 +50,6 @@ class PrefixIndex(KVIndex):
         self._more: dict[int, set[int]] = {}  # block hash -> its other distinct children, up to the cap (few)
         self._bit: dict[str, int] = {}  # replica -> its bit (a power of two)
         self._name: dict[int, str] = {}  # bit -> replica
-        self._everyone = 0  # every known replica's bit
 
     # ---- updates (each changes the index) ---------------------------------
 
@@ -85,10 +84,9 @@ class PrefixIndex(KVIndex):
 
     def _join(self, replica: str) -> int:
         """Gives a replica new to the index the lowest free bit and no blocks."""
-        free = ~self._everyone
+        free = ~sum(self._name)  # the known replicas' bits, each a distinct power of two
         bit = free & -free
         self._bit[replica], self._name[bit] = bit, replica
-        self._everyone |= bit
         self._held[replica] = {}
         return bit
 
@@ -128,7 +126,6 @@ class PrefixIndex(KVIndex):
         del self._held[replica]
         bit = self._bit.pop(replica)
         del self._name[bit]
-        self._everyone &= ~bit
 
     def snapshot(self, block_hashes: Sequence[int]):
         """An IndexSnapshot of ``block_hashes`` (what the Redis backend hands the policy)."""
