@@ -4,7 +4,8 @@ Roles: `prefill` writes KV into Mooncake (kv_producer), `decode` reads it
 (kv_consumer), both through BatonStoreConnector (kvstore/connector.py), and
 `colocated` is a plain engine with no connector, or, routed with
 `mooncake.colocated_pool`, one that does both (kv_both): it saves what it
-computes and loads prefixes other replicas saved.
+computes and loads prefixes other replicas saved. An engine on the timed
+executor (actors/sim) gets that executor's own connector instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from actors import step_budget
+from actors.sim import CONNECTOR, CONNECTOR_MODULE, EXECUTOR
 from common.config import BatonConfig, ConfigError, parse_size
 from common.config.models import check_budgets
 from common.listeners import is_loopback
@@ -62,9 +64,10 @@ def engine_kwargs(cfg: BatonConfig, role: Role, step_tokens: int | None = None, 
     if role == "colocated" and cfg.mooncake.colocated_pool and cfg.routes():
         kv_role = "kv_both"
     if kv_role:
+        timed = kwargs.get("distributed_executor_backend") == EXECUTOR  # a modelled GPU: its own connector
         kwargs["kv_transfer_config"] = {
-            "kv_connector": "BatonStoreConnector",
-            "kv_connector_module_path": "kvstore.connector",
+            "kv_connector": CONNECTOR if timed else "BatonStoreConnector",
+            "kv_connector_module_path": CONNECTOR_MODULE if timed else "kvstore.connector",
             "kv_role": kv_role,
             # A block the store announced and then could not deliver (evicted
             # between lookup and load, a corrupted spill file) is recomputed,

@@ -22,8 +22,10 @@ reach the engine core of every peer the same way):
 - `apply_limits` (default true): the profiled GPU's KV block count,
   `max_num_seqs` and `max_num_batched_tokens` replace the engine's own.
 
-The profiled block size must equal the engine's (ValueError otherwise). No
-KV connector and no speculative decoding: the executor refuses both at start.
+The profiled block size must equal the engine's (ValueError otherwise). The
+one KV connector it takes is its own (actors/sim/timed_store.py: the store's
+part of a disaggregated hop, the transfer priced by the profile); it refuses
+any other, and speculative decoding, at start.
 It is a benchmark instrument; the serving path's tests keep real engines.
 """
 
@@ -37,7 +39,7 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from actors.sim import EXECUTOR
+from actors.sim import CONNECTOR, CONNECTOR_MODULE, EXECUTOR, timed_store
 from actors.sim.profile import DEFAULT, GpuProfile, StepShape
 from actors.sim.sequences import NewSeq, Sequences
 
@@ -68,8 +70,10 @@ class TimedExecutor(Executor):
         self.speedup = float(opts.get("speedup", 1.0))
         if self.speedup <= 0:
             raise ValueError(f"additional_config.{CONFIG_KEY}.speedup must be > 0, got {self.speedup}")
-        if self.vllm_config.kv_transfer_config is not None:
-            raise ValueError("the timed executor models no KV connector: remove kv_transfer_config")
+        ktc = self.vllm_config.kv_transfer_config
+        if ktc is not None and ktc.kv_connector != CONNECTOR:
+            raise ValueError(f"the timed executor models only its own KV connector ({CONNECTOR}, "
+                             f"module {CONNECTOR_MODULE}), not {ktc.kv_connector}")
         if self.vllm_config.speculative_config is not None:
             raise ValueError("the timed executor models no speculative decoding: remove speculative_config")
         if self.cache_config.block_size != self.profile.block_size:
@@ -127,11 +131,17 @@ class TimedExecutor(Executor):
         answers = {"get_supported_tasks": ("generate",), "check_health": None, "shutdown": None,
                    "update_max_model_len": None, "synchronize_device": None, "reset_mm_cache": None,
                    "reset_encoder_cache": None, "compile_or_warm_up_model": CompilationTimes(0.0, 0.0),
-                   "supports_draft_weight_updates": False, "list_loras": set()}
+                   "supports_draft_weight_updates": False, "list_loras": set(),
+                   # actors/kv_probe.py's questions, answered by the timed connector (timed_store.py)
+                   "watch_kv_saves": False, "spill_stats": {}, "spill_refresh": -1,
+                   "get_kv_connector_handshake_metadata": None}
         name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
-        if name not in answers:
+        if name == "pending_kv_saves":
+            out = [sum(c.pending(*args) for c in timed_store.ACTIVE)]
+        elif name in answers:
+            out = [answers[name]]
+        else:
             raise NotImplementedError(f"the timed executor has no worker to run {name!r} on")
-        out = [answers[name]]
         return _done(out) if non_block else out
 
     # --- one step ---------------------------------------------------------------------------
@@ -174,8 +184,11 @@ class TimedExecutor(Executor):
                               sp.seed if sp is not None else None, set(sp.all_stop_token_ids) if sp else set()))
         c = so.scheduled_cached_reqs
         self.order = list(so.num_scheduled_tokens)
-        return self.seqs.plan(new, dict(zip(c.req_ids, c.num_computed_tokens)), so.num_scheduled_tokens,
-                              so.finished_req_ids)
+        shape, pending = self.seqs.plan(new, dict(zip(c.req_ids, c.num_computed_tokens)), so.num_scheduled_tokens,
+                                        so.finished_req_ids)
+        meta = getattr(so, "kv_connector_metadata", None)
+        shape.loaded_tokens = getattr(meta, "loaded_tokens", 0)  # KV the timed connector loads this step
+        return shape, pending
 
 
 def _allowed(mask) -> list[int]:

@@ -10,7 +10,10 @@ rising rates, through each system in turn: `vllm_serve` (vLLM's own server),
 `baton` (colocated, one engine) and, when named, `ray_serve_llm_fast` and
 `baton_x2`, `baton_x4`... (that many colocated replicas, each a front on its
 own engine, routed: what adding fronts does, and the Redis commands each
-request costs). The rounds alternate the order (A B, then B A).
+request costs), and `baton_pd`, `baton_pd_x2`... (disaggregated: that many
+prefill and as many decode engines, each prompt's KV saved to the real
+Mooncake store and loaded by decode, the transfer timed by the profile:
+actors/sim/timed_store.py). The rounds alternate the order (A B, then B A).
 Per system and rate it reports goodput (answers within `--slo-ms`), client
 latency p50/p99, what the serving layer added over the engine's own time
 (vLLM's per-request metrics), CPU seconds per request by process role
@@ -52,23 +55,28 @@ def sim_engine(profile: str, speedup: float) -> dict:
             "additional_config": {"baton_sim": {"profile": profile, "speedup": speedup}}}
 
 
-def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int) -> Path:
-    """Colocated Baton on `replicas` simulated engines. Each admits as many requests at once as the
-    profiled GPU schedules: admission's default on the timed executor (common/config/admission.py)."""
-    return write_config(workdir, colocated=True, tracing={"exporter": "none"}, model={"block_size": block_size},
-                        serve={"engine_metrics": True, "request_metrics": True},
-                        decode={"engine_args": engine, "replicas": replicas})
+def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int, disaggregated: bool = False) -> Path:
+    """Baton on `replicas` simulated engines, colocated, or `disaggregated` with as many prefill
+    engines again (their KV hop priced by the profile: actors/sim/timed_store.py). Each admits as many
+    requests at once as the profiled GPU schedules: admission's default on the timed executor
+    (common/config/admission.py)."""
+    pools = {"decode": {"engine_args": engine, "replicas": replicas}}
+    if disaggregated:
+        pools["prefill"] = {"engine_args": engine, "replicas": replicas}
+    return write_config(workdir, colocated=not disaggregated, tracing={"exporter": "none"},
+                        model={"block_size": block_size}, serve={"engine_metrics": True, "request_metrics": True},
+                        **pools)
 
 
 def replicas_of(system: str) -> int:
-    """Baton's replica count in a system's name: `baton` 1, `baton_x4` 4."""
-    return int(system.split("_x")[1]) if system.startswith("baton_x") else 1
+    """Baton's replica count (per pool) in a system's name: `baton` 1, `baton_x4` 4, `baton_pd_x2` 2."""
+    return int(system.split("_x")[1]) if system.startswith("baton") and "_x" in system else 1
 
 
 @contextmanager
 def started(system: str, workdir: Path, engine: dict, block_size: int):
     """(base URL, root PID, Redis client or None) while the system runs; stops it on exit."""
-    cfg_path = baton_config(workdir / system, engine, replicas_of(system), block_size)
+    cfg_path = baton_config(workdir / system, engine, replicas_of(system), block_size, system.startswith("baton_pd"))
     cfg = load_config(cfg_path, environ={})
     if system == "vllm_serve":
         extra = ["--distributed-executor-backend", EXECUTOR, "--additional-config",
@@ -92,6 +100,8 @@ def _role(cmd: str) -> str:
         return "engine"
     if "redis-server" in cmd:
         return "redis"
+    if "ServeReplica" in cmd and ":prefill" in cmd:
+        return "prefill"  # a prefill replica's front: its engine's prompts, from the decode fronts
     if "ServeReplica" in cmd or "api_server" in cmd:
         return "front"
     if "ProxyActor" in cmd or "haproxy" in cmd:
@@ -325,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rates = [float(r) for r in args.rates.split(",")]
-    if unknown := {s for s in args.systems.split(",") if s not in SYSTEMS and not s.startswith("baton_x")}:
+    if unknown := {s for s in args.systems.split(",") if s not in SYSTEMS and not s.startswith(("baton_x", "baton_pd"))}:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     doc = agentic(args) if args.part == "agentic" else front(args)
     emit(doc, args.out, args.plot, plot)

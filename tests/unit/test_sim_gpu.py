@@ -116,3 +116,14 @@ def test_a_grammar_picks_from_its_allowed_tokens_and_ends_on_stop_only_when_alon
     s.plan([NewSeq("a", [1], 0, stop={9})], {}, {"a": 1})
     assert {s.draw("a", [3, 4, 9]) for _ in range(30)} <= {3, 4}
     assert s.draw("a", [9]) == 9
+
+
+def test_the_timed_store_gives_the_leading_run_below_the_requests_end():
+    from actors.sim.timed_store import leading_hit
+
+    assert leading_hit([True, True, False, True], 100, 16) == 32  # a gap ends the run: later blocks are no hit
+    assert leading_hit([False, True], 100, 16) == 0
+    assert leading_hit([True] * 6, 100, 16) == 96  # 100 tokens: 6 full blocks, the tail is computed
+    assert leading_hit([True] * 6, 96, 16) == 80  # all of it held: the last block is computed, to sample
+    assert leading_hit([True], 16, 16) == 0 and leading_hit([], 40, 16) == 0
+
