@@ -133,11 +133,13 @@ class TimedExecutor(Executor):
                    "reset_encoder_cache": None, "compile_or_warm_up_model": CompilationTimes(0.0, 0.0),
                    "supports_draft_weight_updates": False, "list_loras": set(),
                    # actors/kv_probe.py's questions, answered by the timed connector (timed_store.py)
-                   "watch_kv_saves": False, "spill_stats": {}, "spill_refresh": -1,
+                   "spill_stats": {}, "spill_refresh": -1,
                    "get_kv_connector_handshake_metadata": None}
         name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
         if name == "pending_kv_saves":
             out = [sum(c.pending(*args) for c in timed_store.ACTIVE)]
+        elif name == "watch_kv_saves":
+            out = [bool(timed_store.ACTIVE) and all([c.watch(*args) for c in timed_store.ACTIVE])]
         elif name in answers:
             out = [answers[name]]
         else:

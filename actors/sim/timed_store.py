@@ -14,7 +14,9 @@ everything of the hop but the bytes, against the real Mooncake store:
   request's leading blocks it has (one `batch_is_exist`, as the real lookup) and has the
   scheduler load them; the timed executor adds the profile's transfer time for those
   tokens to the step that loads them (`TimedStoreMeta.loaded_tokens`);
-- `pending` answers the prefill replica's `pending_kv_saves` (actors/openai_app.py).
+- `watch` and `pending` answer the prefill replica's `watch_kv_saves` and
+  `pending_kv_saves` (actors/openai_app.py), as actors/kv_probe.py answers them
+  for the real connector.
 
 Chosen by actors/engine_args.py in place of BatonStoreConnector wherever an engine runs
 the timed executor. It runs in the engine core's process only (the executor has no
@@ -81,6 +83,7 @@ class TimedStoreConnector(KVConnectorBase_V1):
         self._loading = 0
         self._events: list[BlockStored] = []
         self._pending: dict[str, int] = {}
+        self._push = None  # the replica's save watch, once it asked (watch)
         self._lock = threading.Lock()
         self.store = self._saver = None
         if role == KVConnectorRole.SCHEDULER:
@@ -133,6 +136,24 @@ class TimedStoreConnector(KVConnectorBase_V1):
             events, self._events = self._events, []
         return events
 
+    def watch(self, address: str) -> bool:
+        """From now on pushes a request's id to `address` (a ZMQ PULL socket, actors/save_watch.py)
+        each time its last queued save ends, as the real connector's worker does
+        (actors/kv_probe.py). False (nothing changed) where this engine saves nothing."""
+        if not self.saves:
+            return False
+        import zmq
+
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(address)
+        with self._lock:
+            old, self._push = self._push, sock
+        if old is not None:
+            old.close()
+        return True
+
     def pending(self, request_id: str) -> int:
         """Queued saves of `request_id` (the front's id, or vLLM's with its suffix)."""
         prefix = request_id + "-"
@@ -163,6 +184,9 @@ class TimedStoreConnector(KVConnectorBase_V1):
                     self._pending[request_id] = left
                 else:
                     self._pending.pop(request_id, None)
+                push = self._push if left <= 0 else None
+            if push is not None:
+                _tell(push, request_id)
 
     # --- the worker's side: there is no worker; the executor reads the metadata itself ---------
 
@@ -187,6 +211,16 @@ class TimedStoreConnector(KVConnectorBase_V1):
             self.store.close()
 
 
+def _tell(sock, request_id: str) -> None:
+    """Pushes `request_id`'s saved news from the saving thread (the only one that sends)."""
+    import zmq
+
+    try:
+        sock.send_string(request_id, zmq.NOBLOCK)
+    except zmq.ZMQError:
+        pass  # the replica still asks with pending_kv_saves
+
+
 def _mooncake():
     """A Mooncake store client set up as vLLM's store connector sets up its own
     (MOONCAKE_CONFIG_PATH, kvstore/mooncake.py writes it)."""
@@ -196,5 +230,6 @@ def _mooncake():
     from vllm.utils.network_utils import get_ip
 
     store = MooncakeDistributedStore()
-    setup_mooncake_store(store, MooncakeStoreConfig.load_from_config(), rdma_utils.get_requester_local_hostname(get_ip()))
+    host = rdma_utils.get_requester_local_hostname(get_ip())
+    setup_mooncake_store(store, MooncakeStoreConfig.load_from_config(), host)
     return store

@@ -102,6 +102,8 @@ def _role(cmd: str) -> str:
         return "redis"
     if "ServeReplica" in cmd and ":prefill" in cmd:
         return "prefill"  # a prefill replica's front: its engine's prompts, from the decode fronts
+    if "ServeReplica" in cmd and ":kv_indexer" in cmd:
+        return "indexer"  # routed systems: the engines' KV events into Redis
     if "ServeReplica" in cmd or "api_server" in cmd:
         return "front"
     if "ProxyActor" in cmd or "haproxy" in cmd:
@@ -134,10 +136,12 @@ def _redis_cmds(client) -> int | None:
     return None if client is None else int(client.info("stats")["total_commands_processed"])
 
 
-def full_collections(url: str) -> tuple[float, float] | None:
-    """(full collections, seconds they held the process) so far of the front that answers `url`'s
-    /metrics (`baton_gc_pause_seconds`, deployments/gc_pauses.py); None where the system has no such
-    series (`vllm serve`, Ray Serve LLM)."""
+def scrape(url: str) -> dict[str, float]:
+    """Counters so far of the system that answers `url`'s /metrics: `gc_count` and `gc_s`, the
+    front's full collections and the seconds they held it (`baton_gc_pause_seconds`,
+    deployments/gc_pauses.py; absent where the system has no such series: `vllm serve`, Ray Serve
+    LLM), and `loaded_tokens`, prompt tokens its engines loaded over a KV transfer (vLLM's
+    `prompt_tokens_by_source`). {} where /metrics does not answer."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -145,20 +149,25 @@ def full_collections(url: str) -> tuple[float, float] | None:
     try:
         text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
     except OSError:
-        return None
-    got = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-           if s.name in ("baton_gc_pause_seconds_count", "baton_gc_pause_seconds_sum")
-           and s.labels.get("generation") == "2"}
-    return (got["baton_gc_pause_seconds_count"], got["baton_gc_pause_seconds_sum"]) if len(got) == 2 else None
+        return {}
+    out: dict[str, float] = {"loaded_tokens": 0.0}
+    names = {"baton_gc_pause_seconds_count": "gc_count", "baton_gc_pause_seconds_sum": "gc_s"}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in names and s.labels.get("generation") == "2":
+                out[names[s.name]] = s.value
+            elif s.name == "vllm:prompt_tokens_by_source_total" and s.labels.get("source") == "external_kv_transfer":
+                out["loaded_tokens"] += s.value
+    return out
 
 
 def measure_rate(url: str, pid: int, redis, args, rate: float, seed: int) -> dict:
     """One rate's load through a running system, with its CPU and Redis costs."""
     n = max(20, int(rate * args.duration))
     bodies = scale_load.chat_bodies(n, args.words, args.max_tokens, args.model, args.stream, seed)
-    cpu0, cmds0, gc0 = cpu_by_role(pid), _redis_cmds(redis), full_collections(url)
+    cpu0, cmds0, m0 = cpu_by_role(pid), _redis_cmds(redis), scrape(url)
     shots, wall = scale_load.run(url, bodies, rate, seed=seed)
-    cpu1, cmds1, gc1 = cpu_by_role(pid), _redis_cmds(redis), full_collections(url)
+    cpu1, cmds1, m1 = cpu_by_role(pid), _redis_cmds(redis), scrape(url)
     out = scale_load.summarize(shots, wall, rate, args.slo_ms / 1000)
     done = max(out["ok"], 1)
     cpu = {role: round((cpu1.get(role, 0) - cpu0.get(role, 0)) / done * 1000, 3) for role in cpu1}
@@ -167,8 +176,11 @@ def measure_rate(url: str, pid: int, redis, args, rate: float, seed: int) -> dic
     out["requests_per_front_cpu_s"] = round(1000 / front_ms, 1) if front_ms else None
     if cmds0 is not None:
         out["redis_cmds_per_request"] = round((cmds1 - cmds0) / done, 2)
-    if gc0 is not None and gc1 is not None:  # the front's full garbage collections meanwhile
-        out["full_gc"] = {"count": int(gc1[0] - gc0[0]), "held_ms": round((gc1[1] - gc0[1]) * 1000, 1)}
+    if "gc_count" in m0 and "gc_count" in m1:  # the front's full garbage collections meanwhile
+        out["full_gc"] = {"count": int(m1["gc_count"] - m0["gc_count"]),
+                          "held_ms": round((m1["gc_s"] - m0["gc_s"]) * 1000, 1)}
+    if "loaded_tokens" in m0 and "loaded_tokens" in m1:  # disaggregated: the KV decode took from the store
+        out["kv_loaded_tokens_per_request"] = round((m1["loaded_tokens"] - m0["loaded_tokens"]) / done, 1)
     return out
 
 
@@ -186,7 +198,8 @@ def sweep(system: str, workdir: Path, args, engine: dict) -> list[dict]:
             rows.append(row)
             print(f"    {rate:>6.0f} req/s offered: goodput {row['goodput_rps']:.1f}, p99 {row['latency_p99_ms']} ms, "
                   f"added p99 {row['added_p99_ms']} ms, front {row['requests_per_front_cpu_s']} req/CPU-s, "
-                  f"errors {row['errors']}, full GCs {row.get('full_gc')}", file=sys.stderr, flush=True)
+                  f"errors {row['errors']}, full GCs {row.get('full_gc')}, KV loaded per request "
+                  f"{row.get('kv_loaded_tokens_per_request')} tokens", file=sys.stderr, flush=True)
             if row["goodput_rps"] < best * 1.02 and row["goodput_rps"] < 0.9 * rate:
                 break  # past the knee: goodput stopped rising
             best = max(best, row["goodput_rps"])
@@ -240,19 +253,22 @@ def plot_agentic(doc: dict, path: Path, plt) -> None:
 
 
 def ratios(results: dict[str, list[dict]]) -> dict:
-    """Baton's goodput over vllm serve's at vllm serve's knee, and per rate what Baton added to the
-    client's latency p99 beyond what vllm serve's own layer added."""
-    if "vllm_serve" not in results or "baton" not in results:
+    """Each Baton system's goodput over vllm serve's at vllm serve's knee, and per rate what it added
+    to the client's latency p99 beyond what vllm serve's own layer added (keys named by system:
+    `baton_goodput_at_vllm_knee`, `baton_pd_added_p99_over_vllm_ms`...)."""
+    if "vllm_serve" not in results:
         return {}
     out: dict = {}
     kv = knee(results["vllm_serve"])
-    by_rate = {r["offered_rps"]: r for r in results["baton"]}
-    if kv and kv["offered_rps"] in by_rate:
-        out["baton_goodput_at_vllm_knee"] = round(by_rate[kv["offered_rps"]]["goodput_rps"] / kv["goodput_rps"], 3)
-    out["baton_added_p99_over_vllm_ms"] = {
-        str(v["offered_rps"]): round(by_rate[v["offered_rps"]]["added_p99_ms"] - v["added_p99_ms"], 2)
-        for v in results["vllm_serve"] if v["offered_rps"] in by_rate
-        and by_rate[v["offered_rps"]]["added_p99_ms"] is not None and v["added_p99_ms"] is not None}
+    for system in (s for s in results if s.startswith("baton")):
+        by_rate = {r["offered_rps"]: r for r in results[system]}
+        if kv and kv["offered_rps"] in by_rate:
+            goodput = by_rate[kv["offered_rps"]]["goodput_rps"]
+            out[f"{system}_goodput_at_vllm_knee"] = round(goodput / kv["goodput_rps"], 3)
+        out[f"{system}_added_p99_over_vllm_ms"] = {
+            str(v["offered_rps"]): round(by_rate[v["offered_rps"]]["added_p99_ms"] - v["added_p99_ms"], 2)
+            for v in results["vllm_serve"] if v["offered_rps"] in by_rate
+            and by_rate[v["offered_rps"]]["added_p99_ms"] is not None and v["added_p99_ms"] is not None}
     return out
 
 
@@ -335,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rates = [float(r) for r in args.rates.split(",")]
-    if unknown := {s for s in args.systems.split(",") if s not in SYSTEMS and not s.startswith(("baton_x", "baton_pd"))}:
+    named = args.systems.split(",")
+    if unknown := {s for s in named if s not in SYSTEMS and not s.startswith(("baton_x", "baton_pd"))}:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     doc = agentic(args) if args.part == "agentic" else front(args)
     emit(doc, args.out, args.plot, plot)

@@ -35,13 +35,16 @@ def _left_by_test(before: set, pids_before: set[int]) -> list[str]:
     return out
 
 
-def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
-    """Also: the bench leaves nothing listening (it starts `vllm serve`, Ray and Baton's stack)."""
+def test_front_sweep_measures_the_systems_on_the_timed_executor(tmp_path):
+    """`vllm serve`, Baton colocated and Baton disaggregated (`baton_pd`: each prompt computed on
+    the prefill engine, saved to the real Mooncake store and loaded by decode, the hop timed by the
+    profile). Also: the bench leaves nothing listening (it starts `vllm serve`, Ray, Mooncake and
+    Baton's stacks)."""
     me = psutil.Process()
     before, pids_before = _listeners(), set(psutil.pids()) - {me.pid} - {p.pid for p in me.parents()}
     out = tmp_path / "scale.json"
-    assert scale.main(["--systems", "vllm_serve,baton", "--rates", "20,40", "--duration", "3", "--rounds", "1",
-                       "--out", str(out), "--plot", str(tmp_path / "scale.png")]) == 0
+    assert scale.main(["--systems", "vllm_serve,baton,baton_pd", "--rates", "20,40", "--duration", "3",
+                       "--rounds", "1", "--out", str(out), "--plot", str(tmp_path / "scale.png")]) == 0
     doc = json.loads(out.read_text())
     results = doc["rounds"][0]["results"]
     for system, rows in results.items():
@@ -53,6 +56,11 @@ def test_front_sweep_measures_both_systems_on_the_timed_executor(tmp_path):
             assert r["with_engine_metrics"] == r["ok"] and r["added_p50_ms"] is not None, (system, r)
             assert r["cpu_ms_per_request"]["front"] > 0 and r["cpu_ms_per_request"]["engine"] > 0, (system, r)
     assert all("redis_cmds_per_request" in r for r in results["baton"])
+    for r in results["baton_pd"]:
+        assert r["cpu_ms_per_request"]["prefill"] > 0, r  # the prefill replica's front ran every prompt
+        # vLLM's own count: decode took the prompts' full blocks (5-6 of 16 tokens each) from the store
+        assert r["kv_loaded_tokens_per_request"] >= 48, r
+    assert all(r["kv_loaded_tokens_per_request"] == 0 for r in results["baton"] + results["vllm_serve"])
     ratios = doc["rounds"][0]["ratios"]
     assert 0.7 < ratios["baton_goodput_at_vllm_knee"] < 1.3
     assert (tmp_path / "scale.png").stat().st_size > 0
