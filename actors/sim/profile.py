@@ -41,12 +41,11 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
 @dataclasses.dataclass
 class StepShape:
     """What one scheduler step computes: `decode_ctx`, the context of each sequence decoding one token;
-    `prefill`, (first, last) context positions of each prompt chunk; `loaded_tokens`, prompt tokens
-    that arrived over a KV transfer for this step."""
+    `prefill`, (first, last) context positions of each prompt chunk. (KV arriving over a transfer
+    overlaps the steps: actors/sim/timed_executor.py times it apart, with `kv_transfer_s`.)"""
 
     decode_ctx: list[int] = dataclasses.field(default_factory=list)
     prefill: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    loaded_tokens: int = 0
 
 
 @dataclasses.dataclass
@@ -136,16 +135,15 @@ class GpuProfile:
         return tokens * self.kv_bytes_per_token / self.kv_transfer_bytes_per_s if tokens > 0 else 0.0
 
     def step_s(self, shape: StepShape) -> float:
-        """The GPU's seconds for one step: the decode batch, each prefill chunk, the KV arriving for it,
-        and the fixed overhead. Additive: a mixed step reads the weights twice in this model, an upper
-        bound on a real fused step."""
-        if not shape.decode_ctx and not shape.prefill and not shape.loaded_tokens:
+        """The GPU's seconds for one step: the decode batch, each prefill chunk, and the fixed overhead.
+        Additive: a mixed step reads the weights twice in this model, an upper bound on a real fused
+        step."""
+        if not shape.decode_ctx and not shape.prefill:
             return 0.0
         t = self.step_overhead_s
         if shape.decode_ctx:
             t += self.decode_s(len(shape.decode_ctx), sum(shape.decode_ctx) / len(shape.decode_ctx))
-        t += sum(self.prefill_s(a, b) for a, b in shape.prefill)
-        return t + self.kv_transfer_s(shape.loaded_tokens)
+        return t + sum(self.prefill_s(a, b) for a, b in shape.prefill)
 
 
 def engine_rates(profile: GpuProfile, busy: float = 0.7, new_tokens: int = 1024, output_tokens: int = 256,

@@ -36,7 +36,7 @@ from concurrent.futures import Future
 
 from vllm.logger import init_logger
 from vllm.v1.executor.abstract import Executor
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from actors.sim import CONNECTOR, CONNECTOR_MODULE, EXECUTOR, timed_store
@@ -46,6 +46,7 @@ from actors.sim.sequences import NewSeq, Sequences
 logger = init_logger(__name__)
 
 CONFIG_KEY = "baton_sim"
+LOAD_POLL_S = 0.001  # an idle step's wait for a KV load in flight: new requests still arrive meanwhile
 
 
 def profiled_seqs(vllm_config) -> int | None:
@@ -86,6 +87,8 @@ class TimedExecutor(Executor):
         self.seqs = Sequences(self.model_config.get_vocab_size(), echo=opts.get("tokens", "random") == "echo")
         self.clock, self.sleep = time.monotonic, time.sleep  # replaceable in tests
         self._due = 0.0
+        self._loads: dict[str, float] = {}  # request id -> when its KV load ends (timed connector)
+        self._link_free = 0.0
         self._pending: set[str] = set()
         self.order: list[str] = []
         self.busy_s = 0.0  # modelled GPU seconds so far (after speedup)
@@ -150,11 +153,18 @@ class TimedExecutor(Executor):
 
     def execute_model(self, scheduler_output, non_block: bool = False):
         """Books the step's modelled time and which requests sample a token; the wait is in sample_tokens,
-        so the scheduler's grammar work overlaps the modelled GPU as it overlaps a real one."""
+        so the scheduler's grammar work overlaps the modelled GPU as it overlaps a real one. Starts the
+        step's KV loads (timed connector) on the link's clock."""
+        self._start_loads(getattr(scheduler_output, "kv_connector_metadata", None))
         if not scheduler_output.total_num_scheduled_tokens:
             for req_id in scheduler_output.finished_req_ids:
                 self.seqs.seqs.pop(req_id, None)
-            return _done(EMPTY_MODEL_RUNNER_OUTPUT) if non_block else EMPTY_MODEL_RUNNER_OUTPUT
+            if self._loads:  # only loads in flight: wait a little for them rather than spin
+                self.sleep(max(0.0, min(LOAD_POLL_S, min(self._loads.values()) - self.clock())))
+            received = self._received()
+            out = EMPTY_MODEL_RUNNER_OUTPUT if received is None else ModelRunnerOutput(
+                req_ids=[], req_id_to_index={}, kv_connector_output=received)
+            return _done(out) if non_block else out
         shape, self._pending = self._plan(scheduler_output)
         step = self.profile.step_s(shape) / self.speedup
         self._due = max(self.clock(), self._due) + step
@@ -174,8 +184,24 @@ class TimedExecutor(Executor):
         sampled = [[self.seqs.draw(r, None if r not in masks else _allowed(masks[r]))] if r in self._pending
                    else [] for r in ids]
         out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+                                sampled_token_ids=sampled, kv_connector_output=self._received())
         return _done(out) if non_block else out
+
+    def _start_loads(self, meta) -> None:
+        """Queues each load `meta` starts on the engine's one link: it ends the profile's transfer
+        time (sped up) after the link is free."""
+        for req_id, tokens in (getattr(meta, "loads", None) or {}).items():
+            self._link_free = max(self.clock(), self._link_free) + self.profile.kv_transfer_s(tokens) / self.speedup
+            self._loads[req_id] = self._link_free
+
+    def _received(self) -> KVConnectorOutput | None:
+        """The loads whose time has passed, as the worker reports them (`finished_recving`); even a
+        finished request's: vLLM holds its blocks until its load is reported."""
+        now = self.clock()
+        done = {r for r, due in self._loads.items() if due <= now}
+        for r in done:
+            del self._loads[r]
+        return KVConnectorOutput(finished_recving=done) if done else None
 
     def _plan(self, so) -> tuple[StepShape, set[str]]:
         """vLLM's SchedulerOutput in the plain terms of `Sequences.plan`."""
@@ -188,8 +214,6 @@ class TimedExecutor(Executor):
         self.order = list(so.num_scheduled_tokens)
         shape, pending = self.seqs.plan(new, dict(zip(c.req_ids, c.num_computed_tokens)), so.num_scheduled_tokens,
                                         so.finished_req_ids)
-        meta = getattr(so, "kv_connector_metadata", None)
-        shape.loaded_tokens = getattr(meta, "loaded_tokens", 0)  # KV the timed connector loads this step
         return shape, pending
 
 

@@ -11,9 +11,11 @@ everything of the hop but the bytes, against the real Mooncake store:
   with medium "cpu", as the real connector publishes them, so the router's index learns
   what the store holds;
 - an engine that looks up (`enable_lookup`, on by default) asks the store which of a new
-  request's leading blocks it has (one `batch_is_exist`, as the real lookup) and has the
-  scheduler load them; the timed executor adds the profile's transfer time for those
-  tokens to the step that loads them (`TimedStoreMeta.loaded_tokens`);
+  request's leading blocks it has (one `batch_is_exist` in the scheduler's loop, as the
+  real lookup) and has the scheduler load them asynchronously, as the real connector does
+  by default: the request waits while the engine steps the others, and the timed executor
+  reports its KV received once the profile's transfer time for those tokens has passed
+  (the loads of one engine queue on its one link);
 - `watch` and `pending` answer the prefill replica's `watch_kv_saves` and
   `pending_kv_saves` (actors/openai_app.py), as actors/kv_probe.py answers them
   for the real connector.
@@ -48,10 +50,10 @@ ACTIVE: list[TimedStoreConnector] = []  # this process's connectors, for the exe
 
 
 class TimedStoreMeta(KVConnectorMetadata):
-    """What one scheduler step loads from the store: `loaded_tokens` prompt tokens."""
+    """The loads one scheduler step starts: request id -> prompt tokens taken from the store."""
 
-    def __init__(self, loaded_tokens: int) -> None:
-        self.loaded_tokens = loaded_tokens
+    def __init__(self, loads: dict[str, int]) -> None:
+        self.loads = loads
 
 
 def leading_hit(present: list, num_tokens: int, block_size: int) -> int:
@@ -80,7 +82,7 @@ class TimedStoreConnector(KVConnectorBase_V1):
         self.saves = ktc.kv_role in ("kv_producer", "kv_both")
         self.lookups = bool(extra.get("enable_lookup", True))
         self.prefix = f"baton-sim/{vllm_config.model_config.served_model_name}/{self.bs}/"
-        self._loading = 0
+        self._loading: dict[str, int] = {}
         self._events: list[BlockStored] = []
         self._pending: dict[str, int] = {}
         self._push = None  # the replica's save watch, once it asked (watch)
@@ -97,8 +99,9 @@ class TimedStoreConnector(KVConnectorBase_V1):
     # --- the scheduler's side -----------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
-        """Tokens past `num_computed_tokens` the store can give `request` (loaded within the step,
-        not asynchronously); none without asking where its params carry `NO_LOOKUP`."""
+        """Tokens past `num_computed_tokens` the store can give `request`, loaded asynchronously (the
+        request waits for them while the engine steps the others: vLLM's `load_async` default); none
+        without asking where its params carry `NO_LOOKUP`."""
         if (not self.lookups or request.num_tokens < self.bs
                 or (getattr(request, "kv_transfer_params", None) or {}).get(NO_LOOKUP)):
             return 0, False
@@ -108,15 +111,18 @@ class TimedStoreConnector(KVConnectorBase_V1):
         except Exception as exc:  # noqa: BLE001 - as the real lookup: a store away is no hit
             logger.warning("timed store lookup failed: %s", exc)
             return 0, False
-        return max(0, leading_hit([p == 1 for p in present], request.num_tokens, self.bs) - num_computed_tokens), False
+        hit = leading_hit([p == 1 for p in present], request.num_tokens, self.bs) - num_computed_tokens
+        return (hit, True) if hit > 0 else (0, False)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
-        """Counts the tokens this step loads."""
-        self._loading += num_external_tokens
+        """Notes the load this step starts for `request`, if any."""
+        if num_external_tokens > 0:
+            self._loading[request.request_id] = num_external_tokens
 
     def build_connector_meta(self, scheduler_output) -> TimedStoreMeta:
-        """This step's loads, for the executor's clock; starts the next step's count."""
-        meta, self._loading = TimedStoreMeta(self._loading), 0
+        """The loads this step starts, for the executor (which reports each as received once the
+        profile's transfer time has passed); starts the next step's."""
+        meta, self._loading = TimedStoreMeta(self._loading), {}
         return meta
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, None]:

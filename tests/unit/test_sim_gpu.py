@@ -40,12 +40,13 @@ def test_interpolates_between_grid_points_and_clamps_outside(tmp_path):
     assert p.kv_transfer_s(2000) == pytest.approx(2.0)
 
 
-def test_step_adds_decode_prefill_transfer_and_overhead(tmp_path):
+def test_step_adds_decode_prefill_and_overhead_and_a_transfer_takes_its_bytes_at_the_link_rate(tmp_path):
     p = _profile(tmp_path)
     assert p.step_s(StepShape()) == 0.0
-    shape = StepShape(decode_ctx=[100, 1100], prefill=[(0, 500)], loaded_tokens=1000)
-    want = 0.001 + p.decode_s(2, 600) + 500 * p.prefill_s(0, 500) / 500 + 1.0
+    shape = StepShape(decode_ctx=[100, 1100], prefill=[(0, 500)])
+    want = 0.001 + p.decode_s(2, 600) + 500 * p.prefill_s(0, 500) / 500
     assert p.step_s(shape) == pytest.approx(want)
+    assert p.kv_transfer_s(1000) == pytest.approx(1.0) and p.kv_transfer_s(0) == 0.0  # 1 MB at 1 MB/s
 
 
 @pytest.mark.parametrize("field,value,msg", [
