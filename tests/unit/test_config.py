@@ -81,6 +81,20 @@ def test_colocated_routes_when_there_is_a_choice(tmp_path, text, routes, kv_role
     assert engine_kwargs(cfg, role).get("kv_transfer_config", {}).get("kv_role") == kv_role
 
 
+def test_an_engine_on_the_timed_executor_gets_its_connector_in_the_same_role(tmp_path):
+    from actors.engine_args import engine_kwargs
+    from actors.sim import CONNECTOR, CONNECTOR_MODULE, EXECUTOR
+
+    sim = "{engine_args: {distributed_executor_backend: " + EXECUTOR + "}}"
+    cfg = load_config(write(tmp_path, f"prefill: {sim}\ndecode: {sim}\n"), environ={})
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        ktc = engine_kwargs(cfg, role)["kv_transfer_config"]
+        assert (ktc["kv_connector"], ktc["kv_connector_module_path"], ktc["kv_role"]) == (CONNECTOR, CONNECTOR_MODULE,
+                                                                                          kv_role)
+    real = engine_kwargs(load_config(None, environ={}), "decode")["kv_transfer_config"]
+    assert real["kv_connector"] == "BatonStoreConnector"
+
+
 def test_master_gets_the_client_ttl_and_rpc_threads(tmp_path):
     from kvstore import mooncake
 
