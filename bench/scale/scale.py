@@ -262,7 +262,7 @@ def ratios(results: dict[str, list[dict]]) -> dict:
     kv = knee(results["vllm_serve"])
     for system in (s for s in results if s.startswith("baton")):
         by_rate = {r["offered_rps"]: r for r in results[system]}
-        if kv and kv["offered_rps"] in by_rate:
+        if kv and kv["goodput_rps"] > 0 and kv["offered_rps"] in by_rate:
             goodput = by_rate[kv["offered_rps"]]["goodput_rps"]
             out[f"{system}_goodput_at_vllm_knee"] = round(goodput / kv["goodput_rps"], 3)
         out[f"{system}_added_p99_over_vllm_ms"] = {
