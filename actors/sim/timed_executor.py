@@ -212,9 +212,8 @@ class TimedExecutor(Executor):
                               sp.seed if sp is not None else None, set(sp.all_stop_token_ids) if sp else set()))
         c = so.scheduled_cached_reqs
         self.order = list(so.num_scheduled_tokens)
-        shape, pending = self.seqs.plan(new, dict(zip(c.req_ids, c.num_computed_tokens)), so.num_scheduled_tokens,
-                                        so.finished_req_ids)
-        return shape, pending
+        return self.seqs.plan(new, dict(zip(c.req_ids, c.num_computed_tokens)), so.num_scheduled_tokens,
+                              so.finished_req_ids)
 
 
 def _allowed(mask) -> list[int]:

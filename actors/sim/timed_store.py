@@ -40,7 +40,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-from actors.sim import CONNECTOR, CONNECTOR_MODULE
 from actors.sim.profile import DEFAULT, GpuProfile
 from common.constants import NO_LOOKUP
 
