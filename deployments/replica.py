@@ -34,7 +34,7 @@ from actors.openai_app import EngineApp
 from common import core_fence, cpu_slice, tracing
 from common.config import BatonConfig
 from common.constants import REPO_ROOT
-from deployments import gc_pauses
+from deployments import gc_pauses, loop_lag
 from deployments.autoscaling.autoscaling import SignalMeter
 from deployments.serving import drain, listen_socket, serve_asgi
 
@@ -150,6 +150,7 @@ class EngineReplica:
         if not self.cfg.models:  # a catalogue's engines die and wake one by one (model_host.py)
             self._watch_task = asyncio.ensure_future(self._watch_engine())
         gc_pauses.watch()  # the collector's pauses, in the front's metrics (deployments/gc_pauses.py)
+        self._lag_task = asyncio.ensure_future(loop_lag.tick())  # the loop's lag (deployments/loop_lag.py)
 
     async def _watch_engine(self) -> None:
         """Takes this replica out of routing once its engine died (its engine core crashed alone):

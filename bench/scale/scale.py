@@ -152,10 +152,15 @@ def scrape(url: str) -> dict[str, float]:
         return {}
     out: dict[str, float] = {"loaded_tokens": 0.0}
     names = {"baton_gc_pause_seconds_count": "gc_count", "baton_gc_pause_seconds_sum": "gc_s"}
+    lags = {"baton_loop_lag_seconds_count": "lag_count", "baton_loop_lag_seconds_sum": "lag_s"}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in names and s.labels.get("generation") == "2":
                 out[names[s.name]] = s.value
+            elif s.name in lags:
+                out[lags[s.name]] = s.value
+            elif s.name == "baton_loop_lag_seconds_bucket" and float(s.labels["le"]) == 0.05:
+                out["lag_under_50ms"] = s.value
             elif s.name == "vllm:prompt_tokens_by_source_total" and s.labels.get("source") == "external_kv_transfer":
                 out["loaded_tokens"] += s.value
     return out
@@ -179,6 +184,10 @@ def measure_rate(url: str, pid: int, redis, args, rate: float, seed: int) -> dic
     if "gc_count" in m0 and "gc_count" in m1:  # the front's full garbage collections meanwhile
         out["full_gc"] = {"count": int(m1["gc_count"] - m0["gc_count"]),
                           "held_ms": round((m1["gc_s"] - m0["gc_s"]) * 1000, 1)}
+    if "lag_count" in m0 and "lag_count" in m1 and m1["lag_count"] > m0["lag_count"]:  # the front's loop
+        n = m1["lag_count"] - m0["lag_count"]
+        out["loop_lag"] = {"mean_ms": round((m1["lag_s"] - m0["lag_s"]) / n * 1000, 2),
+                           "over_50ms": round(1 - (m1["lag_under_50ms"] - m0["lag_under_50ms"]) / n, 4)}
     if "loaded_tokens" in m0 and "loaded_tokens" in m1:  # disaggregated: the KV decode took from the store
         out["kv_loaded_tokens_per_request"] = round((m1["loaded_tokens"] - m0["loaded_tokens"]) / done, 1)
     return out
@@ -198,8 +207,8 @@ def sweep(system: str, workdir: Path, args, engine: dict) -> list[dict]:
             rows.append(row)
             print(f"    {rate:>6.0f} req/s offered: goodput {row['goodput_rps']:.1f}, p99 {row['latency_p99_ms']} ms, "
                   f"added p99 {row['added_p99_ms']} ms, front {row['requests_per_front_cpu_s']} req/CPU-s, "
-                  f"errors {row['errors']}, full GCs {row.get('full_gc')}, KV loaded per request "
-                  f"{row.get('kv_loaded_tokens_per_request')} tokens", file=sys.stderr, flush=True)
+                  f"errors {row['errors']}, full GCs {row.get('full_gc')}, loop lag {row.get('loop_lag')}, "
+                  f"KV loaded per request {row.get('kv_loaded_tokens_per_request')}", file=sys.stderr, flush=True)
             if row["goodput_rps"] < best * 1.02 and row["goodput_rps"] < 0.9 * rate:
                 break  # past the knee: goodput stopped rising
             best = max(best, row["goodput_rps"])

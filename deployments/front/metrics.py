@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from deployments import gc_pauses
+from deployments import gc_pauses, loop_lag
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -46,20 +46,20 @@ class IngressMetrics:
                                 buckets=fine, registry=r)
         self.route_s = Histogram("baton_route_seconds", "routing decision incl. its Redis round trip (PD)",
                                buckets=fine, registry=r)
-        self.gc_pauses = Histogram("baton_gc_pause_seconds", "the garbage collector's pauses (deployments/gc_pauses.py)",
-                                   ["generation"], buckets=fine + (0.25, 0.5, 1.0), registry=r)
+        held = fine + (0.25, 0.5, 1.0)  # the process stopped: its collector's pauses, its loop's lag
+        self.gc_pauses = Histogram("baton_gc_pause_seconds", "the garbage collector's pauses (deployments/"
+                                   "gc_pauses.py)", ["generation"], buckets=held, registry=r)
+        self.loop_lag = Histogram("baton_loop_lag_seconds", "how late the event loop woke a timer (deployments/"
+                                  "loop_lag.py)", buckets=held, registry=r)
         self.permits = Gauge("baton_permits_in_use", "engine permits held", ["tenant"], registry=r)
         self.shed = Counter("baton_shed_total", "requests rejected with 429", ["tenant", "reason"], registry=r)
         self.admitted = Counter("baton_admitted_total", "requests given an engine permit", ["tenant"], registry=r)
         self.estimates = Gauge("baton_admission_estimate_seconds", "what a front's admission expects: service "
                                "(permit held), start (admission to first token)", ["replica", "estimate"],
                                registry=r)
-        self.leased = Gauge("baton_permits_leased", "engine permits this front may grant now", ["replica"],
-                            registry=r)
-        self.decisions = Counter("baton_route_decisions_total", "routing decisions",
-                                 ["pool", "reason"], registry=r)
-        self.repins = Counter("baton_repins_total", "session pins moved to another replica",
-                              ["pool"], registry=r)
+        self.leased = Gauge("baton_permits_leased", "engine permits this front may grant now", ["replica"], registry=r)
+        self.decisions = Counter("baton_route_decisions_total", "routing decisions", ["pool", "reason"], registry=r)
+        self.repins = Counter("baton_repins_total", "session pins moved to another replica", ["pool"], registry=r)
         self.hit_blocks = Counter("baton_prefix_hit_blocks_total", "prompt blocks not recomputed", registry=r)
         self.prompt_blocks = Counter("baton_prompt_blocks_total", "full prompt blocks", registry=r)
         self.hit_ratio = Gauge("baton_prefix_hit_ratio", "block-weighted prefix hit ratio", registry=r)
@@ -139,11 +139,14 @@ class IngressMetrics:
 
     def render(self) -> bytes:
         """The exposition text; first runs ``before_render`` (gauges read on demand) and adds the
-        process's garbage-collection pauses since the last render (deployments/gc_pauses.py)."""
+        process's garbage-collection pauses (deployments/gc_pauses.py) and its event loop's lag
+        (deployments/loop_lag.py) since the last render."""
         if self.before_render is not None:
             self.before_render()
         for generation, seconds in gc_pauses.drain():
             self.gc_pauses.labels(str(generation)).observe(seconds)
+        for seconds in loop_lag.METER.drain():
+            self.loop_lag.observe(seconds)
         return generate_latest(self.registry)
 
 
