@@ -141,6 +141,7 @@ class EngineReplica:
             self._serve(front, listen_socket(*s.front_bind(), reuse_port=True), public=True)
             front.sites.start()
             self.batch_runner.start()
+            self._lag_task = asyncio.ensure_future(loop_lag.tick())  # its loop's lag, in its metrics
         self.engine_load: dict = await self.engine.engine_load()
         self._load_task = asyncio.ensure_future(self._refresh_load())
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
@@ -150,7 +151,6 @@ class EngineReplica:
         if not self.cfg.models:  # a catalogue's engines die and wake one by one (model_host.py)
             self._watch_task = asyncio.ensure_future(self._watch_engine())
         gc_pauses.watch()  # the collector's pauses, in the front's metrics (deployments/gc_pauses.py)
-        self._lag_task = asyncio.ensure_future(loop_lag.tick())  # the loop's lag (deployments/loop_lag.py)
 
     async def _watch_engine(self) -> None:
         """Takes this replica out of routing once its engine died (its engine core crashed alone):

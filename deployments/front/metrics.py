@@ -145,7 +145,7 @@ class IngressMetrics:
             self.before_render()
         for generation, seconds in gc_pauses.drain():
             self.gc_pauses.labels(str(generation)).observe(seconds)
-        for seconds in loop_lag.METER.drain():
+        for seconds in loop_lag.drain():
             self.loop_lag.observe(seconds)
         return generate_latest(self.registry)
 
