@@ -140,7 +140,9 @@ def scrape(url: str) -> dict[str, float]:
     """Counters so far of the system that answers `url`'s /metrics: `gc_count` and `gc_s`, the
     front's full collections and the seconds they held it (`baton_gc_pause_seconds`,
     deployments/gc_pauses.py; absent where the system has no such series: `vllm serve`, Ray Serve
-    LLM), and `loaded_tokens`, prompt tokens its engines loaded over a KV transfer (vLLM's
+    LLM); `lag_count`, `lag_s` and `lag_under_50ms`, its event loop's lag samples, their sum and
+    those under 50 ms (`baton_loop_lag_seconds`, deployments/loop_lag.py; absent there too); and
+    `loaded_tokens`, prompt tokens its engines loaded over a KV transfer (vLLM's
     `prompt_tokens_by_source`). {} where /metrics does not answer."""
     import urllib.request
 
