@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 PERIOD_S = 0.02  # the ticker's sleep: 50 samples a second, a few microseconds of CPU each
 KEPT = 4096  # samples kept until the next `drain`, the latest
@@ -28,10 +29,14 @@ def drain() -> list[float]:
     return out
 
 
-async def tick(period_s: float = PERIOD_S) -> None:
-    """Samples the running loop's lag until cancelled (a timer that woke early is no lag)."""
+async def tick(period_s: float = PERIOD_S, on_lag: Callable[[float], None] | None = None) -> None:
+    """Samples the running loop's lag until cancelled (a timer that woke early is no lag); each
+    sample is also passed to `on_lag` (admission's deployments/admission/lag_limit.py)."""
     loop = asyncio.get_running_loop()
     while True:
         asked = loop.time() + period_s
         await asyncio.sleep(period_s)
-        _lags.append(max(0.0, loop.time() - asked))
+        lag = max(0.0, loop.time() - asked)
+        _lags.append(lag)
+        if on_lag is not None:
+            on_lag(lag)

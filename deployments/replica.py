@@ -141,7 +141,9 @@ class EngineReplica:
             self._serve(front, listen_socket(*s.front_bind(), reuse_port=True), public=True)
             front.sites.start()
             self.batch_runner.start()
-            self._lag_task = asyncio.ensure_future(loop_lag.tick())  # its loop's lag, in its metrics
+            # its loop's lag, in its metrics and in its admission's permits
+            limit = self.leases.limit
+            self._lag_task = asyncio.ensure_future(loop_lag.tick(on_lag=limit.observe if limit else None))
         self.engine_load: dict = await self.engine.engine_load()
         self._load_task = asyncio.ensure_future(self._refresh_load())
         self.heartbeat = Heartbeat(self.cfg, self.pool, self.replica, {
@@ -188,6 +190,7 @@ class EngineReplica:
         from deployments.batch.batch_runner import BatchRunner
         from deployments.front.front import Front
         from deployments.front.metrics import IngressMetrics, kv_bytes_per_token
+        from deployments.admission import lag_limit
         from deployments.admission.permit_leases import PermitLeases
         from deployments.front.readiness import Readiness
         from deployments.front.request_routing import RequestRouting
@@ -231,7 +234,8 @@ class EngineReplica:
         self.leases = PermitLeases(self.cfg.redis.client(asynchronous=True, socket_timeout=1),
                                    self.replica, self.cfg.admission, gate,
                                    engine=(self.url, self._running) if colocated else None,
-                                   on_peers=front.spill_view if colocated else None)
+                                   on_peers=front.spill_view if colocated else None,
+                                   limit=lag_limit.from_config(self.cfg.admission))
         return front
 
     def _features(self, gate, client, peers):

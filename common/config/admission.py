@@ -48,6 +48,12 @@ class AdmissionConfig(_Strict):
         default_factory=dict, description="tier -> its first-token deadline (e.g. batch: 600, for "
         "deferrable work); other tiers use default_deadline_s",
     )
+    max_loop_lag_s: float | None = Field(
+        0.01, gt=0, allow_inf_nan=False,
+        description="mean lag of a front's event loop over half a second above which it grants fewer permits "
+        f"than its lease, down to max({CPU_CAPACITY}, capacity_per_replica / 8), until the lag falls "
+        "(deployments/admission/lag_limit.py); null: never",
+    )
     ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest service time in the EWMA")
     max_retry_after_s: int = Field(60, ge=1, description="ceiling on the Retry-After hint")
 

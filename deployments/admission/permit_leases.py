@@ -19,6 +19,10 @@ shrinks only down to what it has in use. A front's entry expires after
 ``ttl_s`` without a renewal (a dead front gives its permits back; the pool
 shrinks by its share). Time is Redis's own clock, so nodes need not agree.
 
+A front whose own process cannot keep up (its event loop wakes late) grants fewer
+permits than its lease: ``limit`` (deployments/admission/lag_limit.py) caps the
+local pool at each renewal, without changing what the front asks of the pool.
+
 Colocated fronts also publish their engine's internal URL and running
 requests, so a front holding more permits than its own engine should run
 can spill requests to a peer engine with room (routing/policy/spill.py).
@@ -43,6 +47,7 @@ import redis
 
 from common.config import AdmissionConfig
 from deployments.admission import AsyncAdmission
+from deployments.admission.lag_limit import LagLimit
 from deployments.admission.lease_plan import plan_targets
 
 log = logging.getLogger("baton.leases")
@@ -97,11 +102,13 @@ class PermitLeases:
     def __init__(self, client, front: str, config: AdmissionConfig, gate: AsyncAdmission,
                  interval_s: float = 0.05, ttl_s: float = 10.0, timeout_s: float = 0.25,
                  engine: tuple[str, Callable[[], int]] | None = None,
-                 on_peers: Callable[[dict[str, Peer]], None] | None = None) -> None:
+                 on_peers: Callable[[dict[str, Peer]], None] | None = None,
+                 limit: LagLimit | None = None) -> None:
         self.r, self.front, self.config, self.gate = client, front, config, gate
         self.interval_s, self.ttl_s, self.timeout_s = interval_s, ttl_s, timeout_s
         self.engine = engine  # (internal URL, running requests or None once dead) of this front's engine, if colocated
         self.on_peers = on_peers  # gets the other fronts' engines after each renewal
+        self.limit = limit  # the permits this front's loop lag allows, at most its lease
         self.safe = config.capacity  # this front's even share of the pool
         self.lease = 0
         self.target = self.safe
@@ -153,7 +160,7 @@ class PermitLeases:
                             type(exc).__name__, min(self.lease, self.safe) if self.lease else self.safe)
             self.degraded = True
             self.lease = min(self.lease, self.safe) if self.lease else self.safe
-            self.gate.set_capacity(self.lease, servers=max(1, self.lease))
+            self._grant(self.lease, snap.permits_in_use)
             if self.on_peers is not None:
                 self.on_peers({})  # no view of the peers: run on the own engine only
             return
@@ -164,10 +171,19 @@ class PermitLeases:
         self.target = plan_targets(self.total, demand, self.config.weight_of).get(self.front, 0)
         # Grant no more than the target: a front over it gives permits back as
         # its requests finish, instead of handing them to its own queue.
-        self.gate.set_capacity(min(self.lease, self.target), servers=max(1, self.target))
+        self._grant(min(self.lease, self.target), snap.permits_in_use, self.target)
         if self.on_peers is not None:
             self.on_peers({f: Peer(e["url"], int(e.get("run", 0))) for f, e in fronts.items()
                            if f != self.front and e.get("url")})
+
+    def _grant(self, permits: int, in_use: int, servers: int | None = None) -> None:
+        """Sizes the gate to `permits`, or fewer where the loop's lag `limit` says so; `servers`
+        (default: the permits) is what the queue's wait estimate divides by."""
+        if self.limit is not None:
+            limited = self.limit.step(time.monotonic(), in_use, permits)
+            if limited < permits:
+                permits = servers = limited
+        self.gate.set_capacity(permits, servers=max(1, permits if servers is None else servers))
 
     async def _loop(self) -> None:
         while True:

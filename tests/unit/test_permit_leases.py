@@ -166,6 +166,40 @@ def test_a_front_whose_engine_died_is_no_peer_to_spill_to(redis_url):
     assert seen["b"] == {}  # running None: its engine died (deployments/replica.py `_running`)
 
 
+def test_a_front_whose_loop_lags_grants_fewer_permits_than_its_lease(redis_url):
+    from deployments.admission.lag_limit import LagLimit
+
+    async def main(client):
+        limit = LagLimit(floor=1, interval_s=0.01)
+        gate, leases = front(client, "a", limit=limit)
+        await leases.tick()
+        held = [await gate.acquire("t") for _ in range(CAP)]
+        assert leases.lease == CAP and gate.snapshot().capacity == CAP
+        await asyncio.sleep(0.02)
+        for _ in range(3):
+            limit.observe(0.05)  # the loop woke 50 ms late: 0.75 x the 3 in flight
+        await leases.tick()
+        cut = gate.snapshot().capacity, leases.lease
+        for p in held:
+            p.release()
+        late = asyncio.ensure_future(gate.acquire("t", deadline_s=5))
+        queued = [await gate.acquire("t") for _ in range(2)]  # only two permits now
+        await asyncio.sleep(0.01)
+        waiting = not late.done()
+        await asyncio.sleep(0.02)
+        for _ in range(3):
+            limit.observe(0.0)  # on time again: the limit grows and, at the lease, lets go
+        await leases.tick()
+        third = await asyncio.wait_for(late, 1)
+        for p in (*queued, third):
+            p.release()
+        return cut, waiting, gate.snapshot().capacity, limit.limit
+
+    cut, waiting, capacity, lim = run(redis_url, main)
+    assert cut == (2, CAP) and waiting  # the lease is unchanged: only the local pool shrank
+    assert capacity == CAP and lim == float("inf")
+
+
 def test_offered_load_follows_the_arrival_rate():
     from deployments.admission.permit_leases import OfferedLoad
 
