@@ -49,7 +49,7 @@ class AdmissionConfig(_Strict):
         "deferrable work); other tiers use default_deadline_s",
     )
     max_loop_lag_s: float | None = Field(
-        0.01, gt=0, allow_inf_nan=False,
+        0.015, gt=0, allow_inf_nan=False,
         description="mean lag of a front's event loop over half a second above which it grants fewer permits "
         f"than its lease, down to max({CPU_CAPACITY}, capacity_per_replica / 8), until the lag falls "
         "(deployments/admission/lag_limit.py); null: never",

@@ -11,6 +11,7 @@ shell. Every shed request is a 429 with ``Retry-After``, never a 5xx.
 * ``async_admission`` AsyncAdmission, Permit, Shed
 * ``simulate``        simulate_overload: deterministic overload runs
 * ``permit_leases``   engine permits shared by every front through Redis leases (not re-exported)
+* ``lag_limit``       LagLimit: fewer permits than the lease while the front's event loop lags (not re-exported)
 """
 
 from .admission import Admission

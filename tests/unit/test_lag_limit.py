@@ -16,22 +16,24 @@ def window(limit: LagLimit, now: float, lag_s: float, in_use: int, ceiling: int 
 
 
 def test_no_limit_while_the_loop_keeps_up():
-    lim = LagLimit(floor=32)
+    lim = LagLimit(floor=32)  # bounds 15 ms and 7.5 ms
     assert lim.step(0.0, 0, 256) == 256
     for i in range(1, 20):
-        assert window(lim, i * 0.5, 0.002, in_use=256) == 256  # busy, but the loop is on time
-        assert window(lim, i * 0.5 + 0.25, 0.007, in_use=256) == 256  # between the bounds: no change
+        assert window(lim, i * 0.5, 0.003, in_use=256) == 256  # busy, but the loop is on time
+        assert window(lim, i * 0.5 + 0.25, 0.012, in_use=256) == 256  # between the bounds: no change
     assert lim.cuts == 0
 
 
-def test_a_lagging_loop_cuts_from_what_is_in_flight_down_to_the_floor():
+def test_a_lagging_loop_cuts_what_is_in_flight_by_how_far_over_the_bound_it_is():
     lim = LagLimit(floor=32)
     lim.step(0.0, 0, 256)
-    assert window(lim, 0.5, 0.030, in_use=200) == 150  # 0.75 x the 200 in flight, not of the 256 leased
-    assert window(lim, 0.7, 0.030, in_use=150) == 150  # half a second has not passed: the window goes on
-    assert window(lim, 1.0, 0.030, in_use=150) == 112
-    for i in range(3, 12):
-        window(lim, i * 0.5, 0.030, in_use=150)
+    assert window(lim, 0.5, 0.020, in_use=200) == 150  # 15/20 of the 200 in flight, not of the 256 leased
+    lim.observe(0.016)
+    assert lim.step(0.7, 150, 256) == 150  # half a second has not passed: the window goes on
+    assert window(lim, 1.0, 0.016, in_use=150) == 135  # just over: a tenth
+    assert window(lim, 1.5, 0.100, in_use=135) == 68  # far over: half
+    for i in range(4, 12):
+        window(lim, i * 0.5, 0.100, in_use=150)
     assert lim.step(6.0, 150, 256) == 32  # never below the floor
     assert lim.cuts == 11
 
@@ -39,9 +41,8 @@ def test_a_lagging_loop_cuts_from_what_is_in_flight_down_to_the_floor():
 def test_the_limit_grows_back_when_the_lag_falls_and_lets_go_at_the_lease():
     lim = LagLimit(floor=32)
     lim.step(0.0, 0, 256)
-    window(lim, 0.5, 0.050, in_use=64)
-    assert lim.step(0.5, 64, 256) == 48
-    assert window(lim, 1.0, 0.006, in_use=48) == 48  # in the band: held
+    assert window(lim, 0.5, 0.050, in_use=96) == 48
+    assert window(lim, 1.0, 0.010, in_use=48) == 48  # in the band: held
     assert window(lim, 1.5, 0.001, in_use=48) == 57  # +20%
     grown = [window(lim, 2.0 + i * 0.5, 0.001, in_use=10) for i in range(12)]
     assert grown == sorted(grown) and grown[-1] == 256
@@ -49,15 +50,15 @@ def test_the_limit_grows_back_when_the_lag_falls_and_lets_go_at_the_lease():
     assert lim.step(9.0, 10, 300) == 300
 
 
-def test_the_lease_caps_the_limit_and_a_window_without_samples_changes_nothing():
+def test_the_lease_caps_the_limit_and_a_window_needs_samples():
     lim = LagLimit(floor=32)
     lim.step(0.0, 0, 256)
-    assert window(lim, 0.5, 0.050, in_use=100) == 75
+    assert window(lim, 0.5, 0.030, in_use=150) == 75
     assert lim.step(5.0, 100, 40) == 40  # a smaller lease wins
     assert lim.step(10.0, 100, 256) == 75  # no samples since: no judgement
-    assert window(lim, 10.5, 0.050, in_use=100, samples=2) == 75  # too few: the window goes on
-    assert window(lim, 10.6, 0.050, in_use=100, samples=1) == 56
-    assert window(lim, 11.5, 0.050, in_use=40, ceiling=16) == 16  # the floor is never above the lease
+    assert window(lim, 10.5, 0.030, in_use=100, samples=2) == 75  # too few: the window goes on
+    assert window(lim, 10.6, 0.030, in_use=100, samples=1) == 38  # half the limit: fewer than in use
+    assert window(lim, 11.5, 0.030, in_use=40, ceiling=16) == 16  # the floor is never above the lease
 
 
 def test_lag_with_no_more_than_the_floor_in_flight_cuts_nothing():
@@ -71,13 +72,13 @@ def test_lag_with_no_more_than_the_floor_in_flight_cuts_nothing():
 def test_from_config_spares_cpu_engines_and_can_be_switched_off():
     assert from_config(AdmissionConfig(max_loop_lag_s=None)) is None
     cpu = from_config(AdmissionConfig())  # 16 permits: the floor is the whole of them
-    assert cpu.floor == 16 and cpu.high_s == 0.01
+    assert cpu.floor == 16 and cpu.high_s == 0.015 and cpu.low_s == pytest.approx(0.0075)
     gpu = from_config(AdmissionConfig(capacity_per_replica=1024, max_loop_lag_s=0.02))
-    assert gpu.floor == 128 and gpu.high_s == 0.02 and gpu.low_s == pytest.approx(0.008)
+    assert gpu.floor == 128 and gpu.high_s == 0.02 and gpu.low_s == pytest.approx(0.01)
 
 
 @pytest.mark.parametrize("kw", [{"floor": 0}, {"floor": 4, "high_s": 0.01, "low_s": 0.01},
-                                {"floor": 4, "cut": 1.0}, {"floor": 4, "grow": 0}])
+                                {"floor": 4, "interval_s": 0}, {"floor": 4, "grow": 0}])
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError):
         LagLimit(**kw)
