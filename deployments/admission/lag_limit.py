@@ -1,4 +1,4 @@
-"""How many permits a front may grant while its own process keeps up: AIMD on its event loop's lag.
+"""How many permits a front may grant while its own process keeps up: a limit that follows its event loop's lag.
 
 A front's permits are sized for its engine: the engine's `max_num_seqs` on a GPU or
 the timed executor (256 on the shipped profile, vLLM's default 1024 on an H100).
@@ -55,7 +55,6 @@ class LagLimit:
         self.floor, self.high_s, self.low_s, self.interval_s = floor, high_s, low_s, interval_s
         self.grow = grow
         self.limit = math.inf  # no limit until the lag says so
-        self.cuts = 0  # times the lag cut the limit
         self._sum, self._n = 0.0, 0
         self._at: float | None = None
 
@@ -77,7 +76,6 @@ class LagLimit:
             if mean > self.high_s and in_use > self.floor:
                 cut = min(SHALLOWEST_CUT, max(DEEPEST_CUT, self.high_s / mean))
                 self.limit = max(min(self.floor, ceiling), round(cut * min(limit, in_use)))
-                self.cuts += 1
             elif mean < self.low_s and self.limit != math.inf:
                 grown = limit + max(1, int(self.grow * limit))
                 self.limit = math.inf if grown >= ceiling else grown

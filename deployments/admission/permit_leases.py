@@ -109,6 +109,7 @@ class PermitLeases:
         self.engine = engine  # (internal URL, running requests or None once dead) of this front's engine, if colocated
         self.on_peers = on_peers  # gets the other fronts' engines after each renewal
         self.limit = limit  # the permits this front's loop lag allows, at most its lease
+        self._lagging = False  # the limit is below the lease
         self.safe = config.capacity  # this front's even share of the pool
         self.lease = 0
         self.target = self.safe
@@ -181,6 +182,10 @@ class PermitLeases:
         (default: the permits) is what the queue's wait estimate divides by."""
         if self.limit is not None:
             limited = self.limit.step(time.monotonic(), in_use, permits)
+            if (limited < permits) != self._lagging:
+                self._lagging = limited < permits
+                log.info("permit leases: %s", f"the event loop lags; granting {limited} of {permits} permits"
+                         if self._lagging else "the event loop keeps up again; granting the lease")
             if limited < permits:
                 permits = servers = limited
         self.gate.set_capacity(permits, servers=max(1, permits if servers is None else servers))

@@ -177,7 +177,7 @@ def test_a_front_whose_loop_lags_grants_fewer_permits_than_its_lease(redis_url):
         assert leases.lease == CAP and gate.snapshot().capacity == CAP
         await asyncio.sleep(0.02)
         for _ in range(3):
-            limit.observe(0.05)  # the loop woke 50 ms late: 0.75 x the 3 in flight
+            limit.observe(0.05)  # the loop woke 50 ms late: half the 3 in flight, rounded
         await leases.tick()
         cut = gate.snapshot().capacity, leases.lease
         for p in held:
