@@ -185,12 +185,11 @@ class EngineReplica:
 
     def _front(self, finished: Finisher):
         """The public front; also makes `finished` count answers in its metrics."""
-        from deployments.admission import Admission, AsyncAdmission
+        from deployments.admission import Admission, AsyncAdmission, lag_limit
         from deployments.api.api_keys import KeyStore
         from deployments.batch.batch_runner import BatchRunner
         from deployments.front.front import Front
         from deployments.front.metrics import IngressMetrics, kv_bytes_per_token
-        from deployments.admission import lag_limit
         from deployments.admission.permit_leases import PermitLeases
         from deployments.front.readiness import Readiness
         from deployments.front.request_routing import RequestRouting
