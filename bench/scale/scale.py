@@ -13,7 +13,9 @@ own engine, routed: what adding fronts does, and the Redis commands each
 request costs), and `baton_pd`, `baton_pd_x2`... (disaggregated: that many
 prefill and as many decode engines, each prompt's KV saved to the real
 Mooncake store and loaded by decode, the transfer timed by the profile:
-actors/sim/timed_store.py). The rounds alternate the order (A B, then B A).
+actors/sim/timed_store.py). A Baton system named with `_nolimit` at its end
+(`baton_pd_nolimit`) runs without admission's lag limit
+(deployments/admission/lag_limit.py), to compare with it in the same run. The rounds alternate the order (A B, then B A).
 Per system and rate it reports goodput (answers within `--slo-ms`), client
 latency p50/p99, what the serving layer added over the engine's own time
 (vLLM's per-request metrics), CPU seconds per request by process role
@@ -47,6 +49,7 @@ from bench.common.stack import StackProcess, bench_workdir, write_config
 from common.config import load_config
 
 SYSTEMS = ("vllm_serve", "baton", "ray_serve_llm_fast")
+NO_LIMIT = "_nolimit"  # a Baton system's name ending: admission without its lag limit
 
 
 def sim_engine(profile: str, speedup: float) -> dict:
@@ -55,12 +58,15 @@ def sim_engine(profile: str, speedup: float) -> dict:
             "additional_config": {"baton_sim": {"profile": profile, "speedup": speedup}}}
 
 
-def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int, disaggregated: bool = False) -> Path:
+def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int, disaggregated: bool = False,
+                 lag_limit: bool = True) -> Path:
     """Baton on `replicas` simulated engines, colocated, or `disaggregated` with as many prefill
     engines again (their KV hop priced by the profile: actors/sim/timed_store.py). Each admits as many
     requests at once as the profiled GPU schedules: admission's default on the timed executor
-    (common/config/admission.py)."""
-    pools = {"decode": {"engine_args": engine, "replicas": replicas}}
+    (common/config/admission.py), less where the front's loop lags unless `lag_limit` is off."""
+    pools: dict = {"decode": {"engine_args": engine, "replicas": replicas}}
+    if not lag_limit:
+        pools["admission"] = {"max_loop_lag_s": None}
     if disaggregated:
         pools["prefill"] = {"engine_args": engine, "replicas": replicas}
     return write_config(workdir, colocated=not disaggregated, tracing={"exporter": "none"},
@@ -70,13 +76,15 @@ def baton_config(workdir: Path, engine: dict, replicas: int, block_size: int, di
 
 def replicas_of(system: str) -> int:
     """Baton's replica count (per pool) in a system's name: `baton` 1, `baton_x4` 4, `baton_pd_x2` 2."""
+    system = system.removesuffix(NO_LIMIT)
     return int(system.split("_x")[1]) if system.startswith("baton") and "_x" in system else 1
 
 
 @contextmanager
 def started(system: str, workdir: Path, engine: dict, block_size: int):
     """(base URL, root PID, Redis client or None) while the system runs; stops it on exit."""
-    cfg_path = baton_config(workdir / system, engine, replicas_of(system), block_size, system.startswith("baton_pd"))
+    cfg_path = baton_config(workdir / system, engine, replicas_of(system), block_size, system.startswith("baton_pd"),
+                            lag_limit=not system.endswith(NO_LIMIT))
     cfg = load_config(cfg_path, environ={})
     if system == "vllm_serve":
         extra = ["--distributed-executor-backend", EXECUTOR, "--additional-config",
@@ -363,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rates = [float(r) for r in args.rates.split(",")]
     named = args.systems.split(",")
-    if unknown := {s for s in named if s not in SYSTEMS and not s.startswith(("baton_x", "baton_pd"))}:
+    if unknown := {s for s in named if s not in SYSTEMS and not s.startswith(("baton_x", "baton_pd"))
+                   and s != "baton" + NO_LIMIT}:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     doc = agentic(args) if args.part == "agentic" else front(args)
     emit(doc, args.out, args.plot, plot)

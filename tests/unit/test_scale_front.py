@@ -5,6 +5,17 @@ from bench.scale.scale import _role, ratios, replicas_of
 
 def test_a_systems_name_gives_its_replicas_per_pool():
     assert [replicas_of(s) for s in ("baton", "baton_x4", "baton_pd", "baton_pd_x2", "vllm_serve")] == [1, 4, 1, 2, 1]
+    assert [replicas_of(s) for s in ("baton_nolimit", "baton_pd_x2_nolimit", "baton_x4_nolimit")] == [1, 2, 4]
+
+
+def test_a_nolimit_system_runs_admission_without_its_lag_limit(tmp_path):
+    from bench.scale.scale import baton_config
+    from common.config import load_config
+
+    on = load_config(baton_config(tmp_path / "on", {}, 1, 16, True), environ={})
+    off = load_config(baton_config(tmp_path / "off", {}, 1, 16, True, lag_limit=False), environ={})
+    assert on.admission.max_loop_lag_s == 0.015 and off.admission.max_loop_lag_s is None
+    assert off.prefill.replicas == on.prefill.replicas == 1 and not off.colocated
 
 
 def test_each_process_counts_in_its_own_role():
