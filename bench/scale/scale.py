@@ -15,7 +15,8 @@ prefill and as many decode engines, each prompt's KV saved to the real
 Mooncake store and loaded by decode, the transfer timed by the profile:
 actors/sim/timed_store.py). A Baton system named with `_nolimit` at its end
 (`baton_pd_nolimit`) runs without admission's lag limit
-(deployments/admission/lag_limit.py), to compare with it in the same run. The rounds alternate the order (A B, then B A).
+(deployments/admission/lag_limit.py), to compare with it in the same run.
+The rounds alternate the order (A B, then B A).
 Per system and rate it reports goodput (answers within `--slo-ms`), client
 latency p50/p99, what the serving layer added over the engine's own time
 (vLLM's per-request metrics), CPU seconds per request by process role
