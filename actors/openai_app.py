@@ -29,6 +29,8 @@ import uuid
 from dataclasses import dataclass
 
 from actors import engine_args
+from actors.direct_routes import DirectRoutes
+from actors.finisher import FINISHED_PATHS
 from actors.save_watch import DrainBudget, SaveWatch
 from common.config import BatonConfig
 from common.constants import ENGINE_DEAD_RETRY_S, ENGINE_GONE, NO_LOOKUP
@@ -126,6 +128,7 @@ class EngineApp:
         self.events_replay: str | None = None  # set by `start` where the engine publishes KV events
         self.engine = None
         self.app = None
+        self.direct = None  # `app` with its generation routes called directly (actors/direct_routes.py)
         self.state = None
         self.saves = None  # a SaveWatch on prefill replicas
         self.drain = DrainBudget(SAVE_DRAIN_TIMEOUT_S, SAVE_DRAIN_FLOOR_S)  # how long a prefill waits for its saves
@@ -167,6 +170,7 @@ class EngineApp:
         self.app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, self.app.state, args, tasks)
         _engine_errors(self.app)
+        self.direct = DirectRoutes(self.app, FINISHED_PATHS)
         self.state = self.app.state
 
     async def _watch_saves(self) -> None:

@@ -130,7 +130,7 @@ class EngineReplica:
         inner = listen_socket(_internal_host(s.internal_host), 0, reuse_port=False)
         host, port = inner.getsockname()[:2]
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-        finished = Finisher(self.engine.app, self.replica) if not self.cfg.models else self.engine
+        finished = Finisher(self.engine.direct, self.replica) if not self.cfg.models else self.engine
         front = None
         if self.role != "prefill":
             front = self._front(finished)

@@ -45,7 +45,7 @@ class ModelEngineActor:
         self.engine = EngineApp(for_model(self.cfg, self.entry), "colocated", self.replica)
         await self.engine.start()
         sock = listen_socket("127.0.0.1", 0, reuse_port=False)
-        self.server, _ = serve_asgi(self.engine.app, sock)
+        self.server, _ = serve_asgi(self.engine.direct, sock)
         host, port = sock.getsockname()[:2]
         return {"url": f"http://{host}:{port}", "pids": engine_pids(self.engine)}
 
@@ -72,6 +72,7 @@ class RemoteEngine:
         self.actor, self.url, self.pids, self.dead = None, None, [], False
         self.http: aiohttp.ClientSession | None = None
         self.capacity_blocks = 0
+        self.direct = self.app  # what a front calls, as EngineApp's (the actor's side calls its routes directly)
 
     async def start(self) -> None:
         """Starts the actor on this node with the merged runtime_env and waits for its engine."""

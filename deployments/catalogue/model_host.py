@@ -191,7 +191,7 @@ class ModelHost:
         took = time.monotonic() - t0
         times[model] = took if model not in times else 0.5 * (times[model] + took)
         self.engines[model] = engine
-        self.apps[model] = Finisher(engine.app, self.replica, lambda *answer: self.on_usage and self.on_usage(*answer))
+        self.apps[model] = Finisher(engine.direct, self.replica, lambda *answer: self.on_usage and self.on_usage(*answer))
         if self.metrics is not None:
             self.metrics.model_wakes.labels(model).inc()
             self.metrics.model_wake_s.labels(model).observe(took)
