@@ -40,6 +40,8 @@ from dataclasses import fields
 from typing import Callable
 from urllib.parse import quote, unquote
 
+from pydantic_core import from_json, to_json  # a third of json's time for an answer's round trip (~3 us for 750 bytes)
+
 from common import tracing
 from common.constants import ENGINE_GONE, REQUEST_ID_HEADER
 from common.response import BatonInfo
@@ -63,11 +65,18 @@ _ENGINE_DEAD = b"EngineCore encountered an issue"  # vLLM's EngineDeadError, as 
 ENGINE_STOPPED_EVENT = b"data: " + json.dumps({"error": {
     **ENGINE_GONE["error"], "message": "the model's engine stopped mid-answer; the stream ends here"}}).encode() + b"\n\n"
 _INFO_FIELDS = {f.name for f in fields(BatonInfo)}
+_REQUEST_ID = REQUEST_ID_HEADER.encode()
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
     """The value of ASGI header `name` (lower-case bytes), or ""."""
     return next((v.decode("latin-1") for k, v in headers if k == name), "")
+
+
+def _text(headers: dict[bytes, bytes], name: bytes) -> str:
+    """`header`'s value from headers already in a dict."""
+    value = headers.get(name)
+    return value.decode("latin-1") if value is not None else ""
 
 
 def read_info(headers: list[tuple[bytes, bytes]]) -> BatonInfo:
@@ -211,24 +220,25 @@ class Finisher:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in FINISHED_PATHS:
             return await self.app(scope, receive, send)
-        headers = scope["headers"]
-        info = read_info(headers)
+        headers = dict(reversed(scope["headers"]))  # one pass; the first of a repeated header wins, as in `header`
+        info = read_info([(INFO_HEADER, headers[INFO_HEADER])] if INFO_HEADER in headers else [])
         info.decode_replica = self.replica
         tracer = tracing.tracer()
-        span = tracer.start_span("decode", context=tracing.extract({"traceparent": header(headers, b"traceparent")}))
+        span = tracer.start_span("decode", context=tracing.extract({"traceparent": _text(headers, b"traceparent")}))
         kv = tracer.start_span("kv_load", context=tracing.context_of(span))
+        request_id = _text(headers, _REQUEST_ID)
         for s in (span, kv):
-            s.set_attribute("baton.request_id", header(headers, REQUEST_ID_HEADER.encode()))
+            s.set_attribute("baton.request_id", request_id)
             s.set_attribute("baton.replica", self.replica)
-        finishing = _FinishingSend(send, info, kv, hide_usage=header(headers, HIDE_USAGE_HEADER) == "1",
+        finishing = _FinishingSend(send, info, kv, hide_usage=headers.get(HIDE_USAGE_HEADER) == b"1",
                                    kind=FINISHED_PATHS[scope["path"]])
         try:
             await self.app(scope, receive, finishing)
         finally:
             finishing.end_kv()
             if self.on_usage is not None and finishing.usage is not None:
-                self.on_usage(info, finishing.usage, unquote(header(headers, TENANT_HEADER)) or "unknown",
-                              unquote(header(headers, MODEL_HEADER)) or "unknown")
+                self.on_usage(info, finishing.usage, unquote(_text(headers, TENANT_HEADER)) or "unknown",
+                              unquote(_text(headers, MODEL_HEADER)) or "unknown")
             span.set_attribute("baton.cached_tokens", info.decode_cached_tokens)
             span.end()
 
@@ -288,14 +298,14 @@ class _FinishingSend:
         for event in events:
             head, sep, data = event.rpartition(b"data: ")  # Anthropic's events name themselves first
             if _USAGE in event and data.startswith(b"{") and (not head or head.endswith(b"\n")):
-                obj = json.loads(data)
+                obj = from_json(data)
                 if (usage := finish_usage(obj, self.info, self.kind)) is not None:
                     self.usage = usage
                 if self.hide_usage and obj.get("choices") == []:
                     out += [_stamp(e, obj.get("system_fingerprint")) for e in self.held]
                     self.held = []
                     continue
-                event = head + sep + json.dumps(obj, separators=(",", ":")).encode()
+                event = head + sep + to_json(obj)
             elif self.hide_usage and (self.held or _FINISHED in event):
                 self.held.append(event)
                 continue
@@ -311,7 +321,7 @@ class _FinishingSend:
     async def _send_json(self, raw: bytes) -> None:
         status = self.start["status"]
         try:
-            obj = json.loads(raw)
+            obj = from_json(raw)
         except ValueError:
             obj = None
         if obj is not None:
@@ -319,7 +329,7 @@ class _FinishingSend:
                 obj = obj if self.kind == "messages" else normalize_error(status, obj)  # Anthropic's own shape
             elif (usage := finish_usage(obj, self.info, self.kind)) is not None:
                 self.usage = usage
-            raw = json.dumps(obj, separators=(",", ":")).encode()
+            raw = to_json(obj)
         headers = [(k, v) for k, v in self.start["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(raw)).encode()))
         await self.send({**self.start, "headers": headers})

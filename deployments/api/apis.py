@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from actors.openai_app import request_model
 from deployments.api import schemas
@@ -139,7 +140,7 @@ def parse(api: Api, raw: bytes) -> dict:
     bad field. Changes nothing."""
     if api.kind in ("chat", "text"):
         schemas.parse(schemas.ChatCompletionRequest if api.kind == "chat" else schemas.CompletionRequest, raw)
-        return json.loads(raw)
+        return from_json(raw)  # the parser the validation above ran: the same JSON accepted
     allowed = {"responses": RESPONSES_FIELDS, "messages": MESSAGES_FIELDS}.get(api.kind, COUNT_TOKENS_FIELDS)
     return _strict_vllm(api.kind, raw, allowed)
 

@@ -20,7 +20,7 @@ from common.constants import REQUEST_ID_HEADER, SESSION_HEADER
 from deployments.front import relay
 from deployments.front.pipeline.request import Request
 
-_REPLACED = (b"content-length", b"content-type", b"x-request-id", INFO_HEADER)
+_REPLACED = frozenset({b"content-length", b"content-type", b"x-request-id", INFO_HEADER})
 
 
 class Dispatch:
@@ -72,7 +72,8 @@ class Dispatch:
 
     async def _local(self, req: Request, raw: bytes, bill: list, done, refuse) -> None:
         inner = dict(req.scope)
-        inner["headers"] = [(k, v) for k, v in inner["headers"] if k not in (*_REPLACED, *dict(bill))]
+        dropped = _REPLACED.union(k for k, _ in bill)
+        inner["headers"] = [(k, v) for k, v in inner["headers"] if k not in dropped]
         inner["headers"] += [(b"content-length", str(len(raw)).encode()),
                              (b"content-type", b"application/json"),
                              (INFO_HEADER, json.dumps(req.info.body()).encode()),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import uuid
+
+from pydantic_core import to_json
 
 from common.constants import NO_LOOKUP, REQUEST_ID_HEADER, SESSION_HEADER
 from common.response import BatonInfo
@@ -64,4 +65,4 @@ class Request:
             body["kv_transfer_params"] = {**(body.get("kv_transfer_params") or {}), NO_LOOKUP: True}
         if self.first_token is not None:
             first_token.continue_body(body, self.ids, self.first_token)
-        return json.dumps(body).encode()
+        return to_json(body)  # pydantic's Rust encoder: a 5k-token prompt's ids in a fraction of json.dumps's time
