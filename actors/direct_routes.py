@@ -82,10 +82,8 @@ def _post_route(app, path: str):
     scope = {"type": "http", "path": path, "method": "POST", "root_path": app.root_path or ""}
     for route in app.router.routes:
         match, child = route.matches(scope)
-        if match == Match.FULL:
+        if match == Match.FULL:  # (a PARTIAL match, the path under another method, the router passes over too)
             return (route, child) if isinstance(route, Route) else None
-        if match == Match.PARTIAL:  # the path under another method: the router would try on
-            continue
     return None
 
 

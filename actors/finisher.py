@@ -79,15 +79,14 @@ def _text(headers: dict[bytes, bytes], name: bytes) -> str:
     return value.decode("latin-1") if value is not None else ""
 
 
-def read_info(headers: list[tuple[bytes, bytes]]) -> BatonInfo:
-    """The BatonInfo the front sent in `x-baton-info` (empty if none or bad)."""
-    for k, v in headers:
-        if k == INFO_HEADER:
-            try:
-                data = json.loads(v)
-                return BatonInfo(**{k2: v2 for k2, v2 in data.items() if k2 in _INFO_FIELDS})
-            except (ValueError, TypeError):
-                break
+def read_info(headers: dict[bytes, bytes]) -> BatonInfo:
+    """The BatonInfo the front sent in `x-baton-info` (empty if none or bad), from headers in a dict."""
+    raw = headers.get(INFO_HEADER)
+    if raw is not None:
+        try:
+            return BatonInfo(**{k: v for k, v in json.loads(raw).items() if k in _INFO_FIELDS})
+        except (ValueError, TypeError, AttributeError):
+            pass
     return BatonInfo()
 
 
@@ -221,7 +220,7 @@ class Finisher:
         if scope["type"] != "http" or scope["path"] not in FINISHED_PATHS:
             return await self.app(scope, receive, send)
         headers = dict(reversed(scope["headers"]))  # one pass; the first of a repeated header wins, as in `header`
-        info = read_info([(INFO_HEADER, headers[INFO_HEADER])] if INFO_HEADER in headers else [])
+        info = read_info(headers)
         info.decode_replica = self.replica
         tracer = tracing.tracer()
         span = tracer.start_span("decode", context=tracing.extract({"traceparent": _text(headers, b"traceparent")}))
