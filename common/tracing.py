@@ -28,7 +28,6 @@ from common.config.runtime import TracingConfig
 
 _lock = threading.Lock()
 _configured = False
-_exporting = False  # whether `setup` installed a provider: without one, spans and carriers are no-ops
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -73,59 +72,24 @@ def setup(cfg: TracingConfig, service: str, base: Path) -> None:
     processor = SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(exporter)
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    global _exporting
-    _exporting = True
-
-
-class _NoSpan:
-    """What `tracer()` starts while nothing exports spans: OTel's no-op tracer's spans, without
-    its layers (its start, its context's attach and detach: ~10 us of a front's request at 200
-    req/s, for spans nothing reads)."""
-
-    def set_attribute(self, key, value) -> None:
-        pass
-
-    def end(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-class _NoTracer:
-    def start_span(self, name, context=None, **kwargs) -> _NoSpan:
-        return _NO_SPAN
-
-    def start_as_current_span(self, name, context=None, **kwargs) -> _NoSpan:
-        return _NO_SPAN
-
-
-_NO_SPAN, _NO_TRACER = _NoSpan(), _NoTracer()
 
 
 def tracer():
-    """OTel's tracer for Baton's spans where `setup` installed an exporter, else a no-op one."""
-    return trace.get_tracer("baton") if _exporting else _NO_TRACER
+    return trace.get_tracer("baton")
 
 
 def context_of(span):
-    """An OTel context whose current span is `span` (None while nothing exports spans)."""
-    return trace.set_span_in_context(span) if _exporting else None
+    """An OTel context whose current span is `span`."""
+    return trace.set_span_in_context(span)
 
 
 def inject() -> dict[str, str]:
-    """The current span's context as a carrier dict for a remote call (empty while nothing
-    exports spans, as OTel's would be: its no-op spans carry no context)."""
+    """The current span's context as a carrier dict for a remote call."""
     carrier: dict[str, str] = {}
-    if _exporting:
-        propagate.inject(carrier)
+    propagate.inject(carrier)
     return carrier
 
 
 def extract(carrier: dict[str, str]):
-    """An OTel context from a carrier made by `inject` in another process (None while nothing
-    exports spans)."""
-    return propagate.extract(carrier) if _exporting else None
+    """An OTel context from a carrier made by `inject` in another process."""
+    return propagate.extract(carrier)
