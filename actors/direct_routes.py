@@ -15,7 +15,7 @@ Baton front has no use for:
 - the scaling check: Baton runs no elastic expert parallelism.
 
 `DirectRoutes` calls each of `paths`' route with the layers FastAPI itself puts
-around every route (`FastAPI.build_middleware_stack` less the user
+around every route (the app's own `build_middleware_stack`, less the user
 middleware): ServerErrorMiddleware with the app's handler for `Exception`,
 ExceptionMiddleware with its other handlers (vLLM's OpenAI-shaped 400s,
 Baton's engine-dead 503 from openai_app.py) and FastAPI's AsyncExitStack. The
@@ -27,6 +27,7 @@ a `--middleware` of its operator's) is called whole on every path.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 logger = logging.getLogger(__name__)
@@ -88,17 +89,9 @@ def _post_route(app, path: str):
 
 
 def _layers(app, inner):
-    """`inner` within the layers `FastAPI.build_middleware_stack` puts around the user middleware
-    and the router: the error handler outside, the exception handlers and AsyncExitStack inside."""
-    from fastapi.middleware.asyncexitstack import AsyncExitStackMiddleware
-    from starlette.middleware.errors import ServerErrorMiddleware
-    from starlette.middleware.exceptions import ExceptionMiddleware
-
-    error_handler, handlers = None, {}
-    for key, value in app.exception_handlers.items():
-        if key in (500, Exception):
-            error_handler = value
-        else:
-            handlers[key] = value
-    inner = ExceptionMiddleware(AsyncExitStackMiddleware(inner), handlers=handlers, debug=app.debug)
-    return ServerErrorMiddleware(inner, handler=error_handler, debug=app.debug)
+    """`inner` within the layers FastAPI puts around the router (the app's error handler, its other
+    exception handlers, the AsyncExitStack), less the user middleware: built by the app's own
+    `build_middleware_stack`, on a shallow copy of `app` whose router is `inner`."""
+    shell = copy.copy(app)
+    shell.user_middleware, shell.router = [], inner
+    return shell.build_middleware_stack()
