@@ -152,7 +152,8 @@ class EngineReplica:
             load=self._load)
         if not self.cfg.models:  # a catalogue's engines die and wake one by one (model_host.py)
             self._watch_task = asyncio.ensure_future(self._watch_engine())
-        gc_pauses.watch()  # the collector's pauses, in the front's metrics (deployments/gc_pauses.py)
+        gc_pauses.space_out()  # fewer young collections (deployments/gc_pauses.py)
+        gc_pauses.watch()  # the collector's pauses, in the front's metrics
 
     async def _watch_engine(self) -> None:
         """Takes this replica out of routing once its engine died (its engine core crashed alone):

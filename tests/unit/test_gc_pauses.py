@@ -30,3 +30,13 @@ def test_each_collection_reaches_the_metrics_once(watching):
     gc.collect()
     text = IngressMetrics().render().decode()
     assert 'baton_gc_pause_seconds_count{generation="2"} 1.0' in text
+
+
+def test_space_out_spaces_only_the_young_collections():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 11, 12)
+        gc_pauses.space_out()
+        assert gc.get_threshold() == (gc_pauses.YOUNG_THRESHOLD, 11, 12)
+    finally:
+        gc.set_threshold(*before)
