@@ -15,9 +15,9 @@ instead of Python's 700. A front allocates ~125 tracked objects a request, and a
 each young collection the state of the requests in flight is still alive: it is
 traversed and promoted, and every tenth collection traverses what was promoted.
 At 200 req/s that was 0.08 ms of the collector a request (Baton's front; `vllm
-serve`'s API server 0.045). Ten times fewer young collections kept 7,000 young
-objects at most, and took a front from 480-487 to 512-519 requests per CPU-second
-against `vllm serve`'s 576-602 in the same runs (docs/bench_scale.md).
+serve`'s API server 0.045). With ten times fewer young collections (7,000 young
+objects at most) a front went from 476-503 to 509-524 requests per CPU-second,
+`vllm serve`'s 587-605 in the same rounds (docs/bench_scale.md).
 
 `watch` times every collection of the process; `drain` hands the pauses to
 the front's metrics when they are read (`baton_gc_pause_seconds`; `baton bench
