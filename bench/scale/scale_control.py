@@ -62,6 +62,7 @@ from bench.scale.scale_indexer import run_indexer
 from common.config import BatonConfig, RedisConfig
 from common.processes import free_ports, redis_process
 from common.stats import latency_summary
+from deployments import gc_pauses
 from routing.prefix import redis_index, redis_state
 from routing.prefix.block_hash import hash_blocks
 
@@ -189,6 +190,7 @@ def _measure_routing(cfg: BatonConfig, names: list[str], items: list, decisions:
 
 
 def run_routing(cfg: BatonConfig, replicas: int, sessions: int, decisions: int, progress: bool) -> dict:
+    gc_pauses.space_out()  # the collector as a front's process runs it (deployments/replica.py)
     profile, rng = GpuProfile.load(), random.Random(7)
     names, sync = replica_names(replicas), cfg.redis.client()
     sync.flushall()
