@@ -17,7 +17,9 @@ traversed and promoted, and every tenth collection traverses what was promoted.
 At 200 req/s that was 0.08 ms of the collector a request (Baton's front; `vllm
 serve`'s API server 0.045). With ten times fewer young collections (7,000 young
 objects at most) a front went from 476-503 to 509-524 requests per CPU-second,
-`vllm serve`'s 587-605 in the same rounds (docs/bench_scale.md).
+`vllm serve`'s 587-605 in the same rounds (docs/bench_scale.md). Every process
+that serves vLLM's app calls it: the replica (deployments/replica.py) and a
+catalogue model's own actor (deployments/catalogue/model_actor.py).
 
 `watch` times every collection of the process; `drain` hands the pauses to
 the front's metrics when they are read (`baton_gc_pause_seconds`; `baton bench

@@ -38,6 +38,7 @@ class ModelEngineActor:
         {"url", "pids"}. Raises what the engine start raised."""
         from actors.fast_start import use_standby
         from actors.openai_app import EngineApp
+        from deployments import gc_pauses
         from deployments.serving import engine_pids, listen_socket, serve_asgi
 
         if self.cfg.catalogue.standby:
@@ -46,6 +47,7 @@ class ModelEngineActor:
         await self.engine.start()
         sock = listen_socket("127.0.0.1", 0, reuse_port=False)
         self.server, _ = serve_asgi(self.engine.direct, sock)
+        gc_pauses.space_out()  # its requests allocate as a front's do (deployments/gc_pauses.py)
         host, port = sock.getsockname()[:2]
         return {"url": f"http://{host}:{port}", "pids": engine_pids(self.engine)}
 
