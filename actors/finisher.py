@@ -75,8 +75,7 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
 
 def _text(headers: dict[bytes, bytes], name: bytes) -> str:
     """`header`'s value from headers already in a dict."""
-    value = headers.get(name)
-    return value.decode("latin-1") if value is not None else ""
+    return headers.get(name, b"").decode("latin-1")
 
 
 def read_info(headers: dict[bytes, bytes]) -> BatonInfo:
